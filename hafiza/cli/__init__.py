@@ -1,0 +1,52 @@
+"""The `hafiza` command: serve | generate | bench | codec | memory | top.
+
+Each sub-command lives in its own module and registers itself on `app` (or on `bench_app` for benchmarks).
+User errors (HafizaError) end in one clear line and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from hafiza.errors import HafizaError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="hafiza: an LLM engine built around its KV cache")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: print a table, write JSON under bench/results/.")
+app.add_typer(bench_app, name="bench")
+
+
+def _register() -> None:
+    from hafiza.cli import generate, memory  # noqa: F401  (modules register their commands on import)
+
+    for optional in ("hafiza.cli.serve", "hafiza.cli.codec", "hafiza.cli.top", "hafiza.bench.commands"):
+        try:
+            __import__(optional)
+        except ModuleNotFoundError as exc:
+            if exc.name != optional:
+                raise
+
+
+def main() -> None:
+    """Entry point: run the typer app, turning user errors into one line on stderr."""
+    _register()
+    try:
+        app(standalone_mode=False)
+    except HafizaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except (typer.BadParameter, typer.Exit) as exc:
+        if isinstance(exc, typer.Exit):
+            sys.exit(exc.exit_code)
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

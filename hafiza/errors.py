@@ -1,0 +1,13 @@
+"""User-facing errors: each carries one clear line naming the problem (the CLI prints it, the server maps it to 400)."""
+
+
+class HafizaError(Exception):
+    """Base class for errors caused by the user's input or environment, never by a bug."""
+
+
+class ModelLoadError(HafizaError):
+    """The model file or directory is missing, corrupt, truncated or of an unsupported architecture."""
+
+
+class RequestError(HafizaError):
+    """A request that can never be served as given (too long, bad sampling parameters, ...)."""

