@@ -21,8 +21,9 @@ class PagedKV(Protocol):
 class PrefillSpan:
     """`length` query tokens at flat offset `start`, whose sequence then holds `context_len` tokens.
 
-    When context_len > length (cached prefix or an earlier chunk), keys come from the pool through
-    `block_table` and `mask` ([length, context_len], True = may attend) is set; otherwise plain causal.
+    With `block_table`, keys are read back from the pool (a cached prefix, an earlier chunk, or a pool whose
+    dtype is not the compute dtype, so that cold and warm runs see the same stored values) under `mask`
+    ([length, context_len], True = may attend; None = causal). Without it, the fresh K/V are used, causally.
     """
 
     start: int
@@ -56,7 +57,8 @@ def paged_attention(
         kc, vc = kv.gather(layer, meta.decode_block_tables)  # [D, S, Hkv, d]
         # GQA decode without copying keys: the `group` query heads of one KV head act as `group` query rows.
         qd = q[:d].view(d, kv_heads, group, dim)
-        o = F.scaled_dot_product_attention(qd, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=meta.decode_mask)
+        kc, vc = kc.to(q.dtype).transpose(1, 2), vc.to(q.dtype).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=meta.decode_mask)
         out[:d] = o.reshape(d, heads, dim)
     for span in meta.prefills:
         s, n = span.start, span.length
@@ -66,8 +68,8 @@ def paged_attention(
             mask, causal = span.mask, span.mask is None
         else:
             kc, vc = kv.gather(layer, span.block_table.unsqueeze(0))
-            ks, vs = kc[0, : span.context_len], vc[0, : span.context_len]
-            mask, causal = span.mask, False
+            ks, vs = kc[0, : span.context_len].to(q.dtype), vc[0, : span.context_len].to(q.dtype)
+            mask, causal = span.mask, span.mask is None
         ks = ks.transpose(0, 1).unsqueeze(0)
         vs = vs.transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=group > 1)

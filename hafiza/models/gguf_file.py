@@ -92,7 +92,7 @@ def config_from_gguf(fields: dict[str, Any], path: Path) -> ModelConfig:
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's rotary permutation of q/k rows so the weights match Hugging Face's rotate-half RoPE."""
     shape = w.shape
-    return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 def _hf_name(gguf_name: str) -> str | None:

@@ -1,0 +1,56 @@
+"""`hafiza generate`: stream a completion of one prompt to stdout; timing goes to stderr."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from hafiza.cli import app
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt text.")],
+    model: Annotated[str | None, typer.Option(help="GGUF file or model directory (default: SmolLM2-135M).")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.7,
+    top_k: Annotated[int, typer.Option(help="0 = off.")] = 0,
+    top_p: Annotated[float, typer.Option(help="1 = off.")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling.")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
+    chat: Annotated[bool, typer.Option(help="Wrap the prompt in the model's chat template.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Compute dtype: fp32 or bf16.")] = "fp32",
+    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto (bf16), model, fp32, bf16.")] = "auto",
+) -> None:
+    """Generate text from PROMPT, streaming it as it is produced."""
+    from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
+    from hafiza.models import load_model
+
+    t0 = time.perf_counter()
+    lm = load_model(model, dtype=dtype, device=device)
+    load_s = time.perf_counter() - t0
+    engine = LLMEngine(lm, EngineConfig(kv_dtype=kv_dtype))
+    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            stop=list(stop or []))
+    start = time.perf_counter()
+    engine.add_request(text, params)
+    first: float | None = None
+    n = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.new_token_ids and first is None:
+                first = time.perf_counter()
+            n += len(out.new_token_ids)
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+    end = time.perf_counter()
+    sys.stdout.write("\n")
+    ttft = (first or end) - start
+    rate = (n - 1) / (end - first) if first is not None and n > 1 and end > first else 0.0
+    print(f"[{lm.name} on {lm.device}, load {load_s:.2f} s] TTFT {ttft * 1000:.0f} ms, {n} tokens, "
+          f"{rate:.1f} tok/s decode", file=sys.stderr)

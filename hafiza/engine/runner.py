@@ -1,0 +1,84 @@
+"""Model runner: turns a scheduled batch into flat tensors and attention metadata, runs the forward."""
+
+from __future__ import annotations
+
+import torch
+
+from hafiza.engine.scheduler import ScheduledBatch
+from hafiza.models.attention import AttentionMetadata, PagedKV, PrefillSpan
+from hafiza.models.llama import LlamaModel
+
+
+class ModelRunner:
+    """Builds inputs for one step and returns fp32 logits for the sequences that sample a token."""
+
+    def __init__(self, model: LlamaModel, kv: PagedKV, block_size: int, fresh_kv_exact: bool) -> None:
+        """`fresh_kv_exact`: the pool stores K/V exactly as computed, so a prefill without a cached prefix may
+        attend to the fresh K/V instead of reading them back."""
+        self.model, self.kv, self.block_size = model, kv, block_size
+        self.fresh_kv_exact = fresh_kv_exact
+        self.device = model.device
+        self.window = model.config.sliding_window
+
+    def _mask(self, q_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
+        """[len(q_pos), num_keys] True where query position may see key position (causal, sliding window)."""
+        keys = torch.arange(num_keys, device=self.device)
+        mask = keys.unsqueeze(0) <= q_pos.unsqueeze(1)
+        if self.window:
+            mask &= keys.unsqueeze(0) > q_pos.unsqueeze(1) - self.window
+        return mask
+
+    def build(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """input_ids, positions, metadata, and for each sequence the flat index of its last token (or -1 when
+        this step does not finish its known tokens, i.e. a non-final prefill chunk)."""
+        bs, dev = self.block_size, self.device
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        last: list[int] = []
+        num_decode = 0
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        spans: list[tuple[int, int, int, list[int]]] = []
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            start, end = seq.num_computed, seq.num_computed + n
+            table = seq.block_table
+            flat_start = len(ids)
+            ids += seq.token_ids[start:end]
+            pos += range(start, end)
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            last.append(len(ids) - 1 if end == seq.num_tokens else -1)
+            if n == 1:
+                num_decode += 1
+                decode_tables.append(table[: -(-end // bs)])
+                decode_lens.append(end)
+            else:
+                spans.append((flat_start, n, end, table[: -(-end // bs)]))
+        positions = torch.tensor(pos, dtype=torch.long, device=dev)
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), num_decode=num_decode)
+        if num_decode:
+            width = max(len(t) for t in decode_tables)
+            padded = [t + [t[0]] * (width - len(t)) for t in decode_tables]
+            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
+            q_pos = torch.tensor(decode_lens, device=dev) - 1
+            meta.decode_mask = self._mask(q_pos, width * bs)[:, None, None, :]
+        for flat_start, n, ctx, table in spans:
+            q_pos = positions[flat_start : flat_start + n]
+            plain_causal = ctx == n and not (self.window and n > self.window)
+            if plain_causal and self.fresh_kv_exact:
+                meta.prefills.append(PrefillSpan(flat_start, n, ctx))
+                continue
+            meta.prefills.append(PrefillSpan(
+                flat_start, n, ctx, block_table=torch.tensor(table, dtype=torch.long, device=dev),
+                mask=None if plain_causal else self._mask(q_pos, ctx),
+            ))
+        return torch.tensor(ids, dtype=torch.long, device=dev), positions, meta, last
+
+    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
+        """Run one step; returns logits [S, V] for the S sequences with last index >= 0, and those indices."""
+        input_ids, positions, meta, last = self.build(batch)
+        hidden = self.model.forward(input_ids, positions, meta, self.kv)
+        rows = [i for i in last if i >= 0]
+        if not rows:
+            return None, last
+        return self.model.logits(hidden[torch.tensor(rows, device=self.device)]), last

@@ -1,0 +1,146 @@
+"""Continuous batching: every step, running decodes first, then prefill chunks, within a token budget.
+
+Sequences join and leave the batch at every step. A long prompt is prefilled in chunks so running streams keep
+decoding. Admission needs free blocks; when a running sequence cannot grow, the most recently admitted one is
+preempted by recompute: its blocks are freed (their full blocks stay cached, so recomputing mostly hits the
+prefix cache) and it returns to the front of the queue with prompt + generated tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hafiza.cache.block_manager import BlockManager
+from hafiza.engine.sequence import Sequence, Status
+
+
+@dataclass
+class SchedulerConfig:
+    """Batch limits: at most `max_num_seqs` running, at most `max_num_batched_tokens` tokens per step."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class ScheduledBatch:
+    """What one forward step computes: `num_new[i]` tokens of `seqs[i]`, single-token decodes first."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; decides each step's batch."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config, self.blocks = config, blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out (finished or aborted) and release its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.block_table)
+        seq.block_table = []
+        seq.status = Status.FINISHED
+
+    def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
+        bs = self.blocks.block_size
+        return max(0, -(-(seq.num_computed + num_new) // bs) - len(seq.block_table))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.block_table)
+        seq.block_table, seq.num_computed, seq.num_cached_blocks = [], 0, 0
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        decodes = [s for s in self.running if s.num_tokens - s.num_computed == 1]
+        prefills = [s for s in self.running if s.num_tokens - s.num_computed > 1]
+        preempted = False
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            need = self._blocks_needed(seq, n)
+            while need > self.blocks.num_allocatable():
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim in batch.seqs:
+                    i = batch.seqs.index(victim)
+                    budget += batch.num_new.pop(i)
+                    batch.seqs.pop(i)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                continue
+            seq.block_table += self.blocks.allocate(need)
+            batch.seqs.append(seq)
+            batch.num_new.append(n)
+            budget -= n
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._admit(seq, budget, batch):
+                break
+            self.waiting.popleft()
+            budget -= batch.num_new[-1]
+        return self._decodes_first(batch)
+
+    def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
+        """Give a waiting sequence its cached prefix and blocks for its first chunk, if they fit."""
+        bs = self.blocks.block_size
+        hit: list[int] = []
+        if self.config.enable_prefix_caching:
+            hit = self.blocks.match_prefix(seq.token_ids, seq.hashes(bs), count=False)
+        n = min(seq.num_tokens - len(hit) * bs, budget)
+        need = -(-(len(hit) * bs + n) // bs) - len(hit)
+        reclaimed = sum(1 for b in hit if self.blocks.blocks[b].ref_count == 0)
+        if need > self.blocks.num_allocatable() - reclaimed:
+            return False
+        if self.config.enable_prefix_caching:
+            self.blocks.prefix_cache_queries += seq.num_tokens
+            self.blocks.prefix_cache_hits += len(hit) * bs
+        self.blocks.acquire(hit)
+        seq.block_table = hit + self.blocks.allocate(need)
+        seq.num_computed = len(hit) * bs
+        seq.num_cached_blocks = len(hit)
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = len(hit) * bs
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        batch.seqs.append(seq)
+        batch.num_new.append(n)
+        return True
+
+    @staticmethod
+    def _decodes_first(batch: ScheduledBatch) -> ScheduledBatch:
+        order = sorted(range(len(batch)), key=lambda i: batch.num_new[i] != 1)
+        return ScheduledBatch([batch.seqs[i] for i in order], [batch.num_new[i] for i in order])

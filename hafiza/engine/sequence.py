@@ -1,0 +1,73 @@
+"""A request's state inside the engine: tokens, KV blocks, progress, pins and timings."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hafiza.cache.hashing import chain_hashes
+from hafiza.engine.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class CachePin:
+    """Keep the KV of the first `num_tokens` prompt tokens cached for `ttl_s` seconds (an API breakpoint)."""
+
+    num_tokens: int
+    ttl_s: float
+
+
+@dataclass
+class Sequence:
+    """One request. `num_computed` tokens have K/V in the pool; `token_ids` holds prompt then output."""
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    extra_keys: tuple = ()
+    pins: tuple[CachePin, ...] = ()
+    status: Status = Status.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached_tokens: int | None = None
+    block_hashes: list[str] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    pinned_tokens: int = 0
+    finish_reason: str | None = None
+    stop_sequence: str | None = None
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def hashes(self, block_size: int) -> list[str]:
+        """Chained hashes of every full block of `token_ids`, extended incrementally."""
+        full = len(self.token_ids) // block_size
+        if len(self.block_hashes) < full:
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            self.block_hashes += chain_hashes(
+                self.token_ids[: full * block_size], block_size, self.extra_keys, len(self.block_hashes), parent
+            )
+        return self.block_hashes

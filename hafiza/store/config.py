@@ -1,0 +1,131 @@
+"""CLI-facing parsing: sizes, `--store-disk DIR[:SIZE]`, `--store-redis URL`, and the tier stack they build.
+
+Sizes: a plain byte count ("1048576", "1048576B"); K, M, G, T alone or with "iB" are powers of 1024
+("512M", "2GiB"); KB, MB, GB, TB are powers of 1000. Units are case-insensitive; fractions round down.
+
+Redis URLs: `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS) or `unix:///path.sock` for one server;
+`redis+cluster://host:port` (or `rediss+cluster://`, or any of the above with `?cluster=1`) for a Redis
+Cluster, given one startup node. Extra query parameters: `prefix=` (key prefix, default "hafiza:") and
+`ttl=` (default expiry in seconds when a put carries none; 0 or "none" for no expiry; default 3600).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from hafiza.errors import HafizaError
+from hafiza.store.base import KVStore
+from hafiza.store.disk import DiskStore
+from hafiza.store.memory import MemoryStore
+from hafiza.store.redis_store import DEFAULT_TTL_S, RedisStore
+from hafiza.store.tiered import TieredStore
+
+DEFAULT_DISK_BYTES = 10 * 1024**3
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(?:([kmgt])(i?b|i)?|(b))?\s*", re.IGNORECASE)
+_POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
+
+
+class StoreConfigError(HafizaError, ValueError):
+    """A store option that cannot be understood (bad size, bad URL)."""
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "2GiB", "512M", "1.5G", "100MB" or a plain count; see the module docstring."""
+    if isinstance(text, int):
+        if text < 0:
+            raise StoreConfigError(f"size {text} must be >= 0")
+        return text
+    m = _SIZE_RE.fullmatch(text)
+    if not m:
+        raise StoreConfigError(f"cannot read size {text!r}: use bytes or a unit such as 512M, 2GiB, 100MB")
+    number, unit, suffix = float(m.group(1)), m.group(2), m.group(3)
+    if unit is None:
+        return int(number)
+    base = 1000 if suffix is not None and suffix.lower() == "b" else 1024
+    return int(number * base ** _POWER[unit.lower()])
+
+
+@dataclass(frozen=True)
+class DiskSpec:
+    """`--store-disk DIR[:SIZE]` parsed."""
+
+    path: str
+    capacity_bytes: int
+
+
+def parse_disk_spec(spec: str) -> DiskSpec:
+    """Split off a trailing `:SIZE` when it reads as a size (so paths with colons still work)."""
+    path, size = spec, DEFAULT_DISK_BYTES
+    head, sep, tail = spec.rpartition(":")
+    if sep and _SIZE_RE.fullmatch(tail):
+        path, size = head, parse_size(tail)
+    if not path:
+        raise StoreConfigError(f"--store-disk {spec!r}: missing directory")
+    return DiskSpec(path, size)
+
+
+@dataclass(frozen=True)
+class RedisSpec:
+    """`--store-redis URL` parsed: the URL for the client, whether it is a cluster, prefix and default TTL."""
+
+    url: str
+    cluster: bool
+    prefix: str
+    ttl_s: float | None
+
+
+def parse_redis_url(url: str) -> RedisSpec:
+    """Accept redis://, rediss://, unix://, their `+cluster` forms and `?cluster=1|prefix=|ttl=`."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    cluster = scheme.endswith("+cluster")
+    scheme = scheme.removesuffix("+cluster")
+    if scheme not in ("redis", "rediss", "unix"):
+        raise StoreConfigError(f"--store-redis {url!r}: scheme must be redis://, rediss:// or unix://")
+    query, prefix, ttl_s = [], "hafiza:", DEFAULT_TTL_S
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        if k == "cluster":
+            cluster = cluster or v.lower() in ("1", "true", "yes", "")
+        elif k == "prefix":
+            prefix = v
+        elif k == "ttl":
+            try:
+                ttl_s = None if v.lower() in ("0", "none", "") else float(v)
+            except ValueError:
+                msg = f"--store-redis {url!r}: ttl={v!r} is not a number of seconds"
+                raise StoreConfigError(msg) from None
+            if ttl_s is not None and ttl_s < 0:
+                raise StoreConfigError(f"--store-redis {url!r}: ttl must be >= 0")
+        else:
+            query.append((k, v))
+    if cluster and scheme == "unix":
+        raise StoreConfigError(f"--store-redis {url!r}: a cluster needs a host:port startup node")
+    if scheme != "unix" and not parts.hostname:
+        raise StoreConfigError(f"--store-redis {url!r}: missing host")
+    clean = urlunsplit((scheme, parts.netloc, parts.path, urlencode(query), ""))
+    return RedisSpec(clean, cluster, prefix, ttl_s)
+
+
+def build_tiers(
+    ram: str | None,
+    disk: str | None,
+    redis: str | None,
+    *,
+    write_back: bool = False,
+    queue_size: int = 1024,
+    fsync: bool = False,
+) -> TieredStore:
+    """The tier stack RAM → disk → Redis from the three CLI options (each optional)."""
+    tiers: list[KVStore] = []
+    if ram is not None:
+        tiers.append(MemoryStore(parse_size(ram), name="ram"))
+    if disk is not None:
+        d = parse_disk_spec(disk)
+        tiers.append(DiskStore(d.path, d.capacity_bytes, name="disk", fsync=fsync))
+    if redis is not None:
+        r = parse_redis_url(redis)
+        store = RedisStore(r.url, cluster=r.cluster, prefix=r.prefix, default_ttl_s=r.ttl_s, name="redis")
+        tiers.append(store)
+    return TieredStore(tiers, write_back=write_back and ram is not None, queue_size=queue_size)

@@ -1,0 +1,126 @@
+"""Load or recompute: bytes over each tier's measured bandwidth against tokens over measured prefill speed.
+
+Bandwidth per tier is an exponential moving average of observed loads, kept as averages of bytes and of
+seconds separately (their ratio is a throughput, not an average of noisy per-call rates). Before the first
+observation a tier uses a conservative default for its kind. Prefill speed is measured by the caller.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Conservative first guesses (bytes/s) until a tier has been measured: well below what this machine does.
+DEFAULT_BANDWIDTH: dict[str, float] = {"memory": 1e9, "disk": 100e6, "redis": 50e6}
+FALLBACK_BANDWIDTH = 50e6
+
+
+@dataclass(frozen=True)
+class LoadDecision:
+    """Whether to load a cached prefix, the estimates behind it, and a sentence saying why."""
+
+    load: bool
+    reason: str
+    load_s: float
+    recompute_s: float | None
+
+
+@dataclass
+class _Rate:
+    bytes: float = 0.0
+    seconds: float = 0.0
+    samples: int = 0
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.2f} MB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+class CostModel:
+    """Thread-safe bandwidth and prefill-speed estimates with a `decide` that explains itself."""
+
+    def __init__(self, alpha: float = 0.2, margin: float = 1.0, defaults: Mapping[str, float] | None = None):
+        if not 0 < alpha <= 1 or margin <= 0:
+            raise ValueError(f"alpha={alpha} must be in (0, 1] and margin={margin} > 0")
+        self.alpha = alpha
+        self.margin = margin
+        self.defaults = dict(DEFAULT_BANDWIDTH if defaults is None else defaults)
+        self._kinds: dict[str, str] = {}
+        self._rates: dict[str, _Rate] = {}
+        self._prefill = _Rate()
+        self._lock = threading.Lock()
+
+    def add_tier(self, name: str, kind: str) -> None:
+        """Register a tier so it gets its kind's default bandwidth before any measurement."""
+        with self._lock:
+            self._kinds[name] = kind
+            self._rates.setdefault(name, _Rate())
+
+    def _update(self, rate: _Rate, amount: float, seconds: float) -> None:
+        a = 1.0 if rate.samples == 0 else self.alpha
+        rate.bytes += a * (amount - rate.bytes)
+        rate.seconds += a * (seconds - rate.seconds)
+        rate.samples += 1
+
+    def observe_load(self, tier: str, nbytes: int, seconds: float) -> None:
+        """Record one load of `nbytes` from `tier` that took `seconds`."""
+        if nbytes <= 0 or seconds <= 0:
+            return
+        with self._lock:
+            self._update(self._rates.setdefault(tier, _Rate()), nbytes, seconds)
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """Record one prefill of `num_tokens` that took `seconds` (the recompute alternative)."""
+        if num_tokens <= 0 or seconds <= 0:
+            return
+        with self._lock:
+            self._update(self._prefill, num_tokens, seconds)
+
+    def set_prefill_rate(self, tokens_per_s: float) -> None:
+        """Replace the prefill estimate with a known speed."""
+        if tokens_per_s <= 0:
+            raise ValueError(f"tokens_per_s={tokens_per_s} must be > 0")
+        with self._lock:
+            self._prefill = _Rate(tokens_per_s, 1.0, 1)
+
+    def bandwidth(self, tier: str) -> tuple[float, bool]:
+        """(bytes/s, measured?) for a tier; unmeasured tiers get their kind's default."""
+        with self._lock:
+            r = self._rates.get(tier)
+            if r is not None and r.samples:
+                return r.bytes / r.seconds, True
+            return self.defaults.get(self._kinds.get(tier, ""), FALLBACK_BANDWIDTH), False
+
+    def prefill_rate(self) -> float | None:
+        """Measured prefill tokens/s, or None before any measurement."""
+        with self._lock:
+            p = self._prefill
+            return p.bytes / p.seconds if p.samples else None
+
+    def decide(self, num_tokens: int, bytes_by_tier: Mapping[str, int], extra_s: float = 0.0) -> LoadDecision:
+        """Load when Σ bytes/bandwidth (+ `extra_s`, e.g. decoding) × margin < num_tokens / prefill speed."""
+        if num_tokens <= 0:
+            return LoadDecision(False, "nothing cached to load", 0.0, 0.0)
+        load_s = extra_s
+        parts = []
+        for tier, nbytes in bytes_by_tier.items():
+            if nbytes <= 0:
+                continue
+            bw, measured = self.bandwidth(tier)
+            load_s += nbytes / bw
+            note = "" if measured else " (default)"
+            parts.append(f"{_mb(nbytes)} from {tier} at {bw / 1e6:.0f} MB/s{note}")
+        loading = (", ".join(parts) or "0 bytes") + f" ≈ {_ms(load_s)}"
+        rate = self.prefill_rate()
+        if rate is None:
+            return LoadDecision(True, f"load: prefill speed not measured yet; {loading}", load_s, None)
+        recompute_s = num_tokens / rate
+        recompute = f"recompute {num_tokens} tokens at {rate:.0f} tok/s ≈ {_ms(recompute_s)}"
+        if load_s * self.margin < recompute_s:
+            return LoadDecision(True, f"load: {loading} < {recompute}", load_s, recompute_s)
+        return LoadDecision(False, f"recompute: {recompute} ≤ {loading}", load_s, recompute_s)
