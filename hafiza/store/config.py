@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from hafiza.errors import HafizaError
 from hafiza.store.base import KVStore
@@ -104,7 +104,8 @@ def parse_redis_url(url: str) -> RedisSpec:
         raise StoreConfigError(f"--store-redis {url!r}: a cluster needs a host:port startup node")
     if scheme != "unix" and not parts.hostname:
         raise StoreConfigError(f"--store-redis {url!r}: missing host")
-    clean = urlunsplit((scheme, parts.netloc, parts.path, urlencode(query), ""))
+    rest = urlencode(query)
+    clean = f"{scheme}://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
     return RedisSpec(clean, cluster, prefix, ttl_s)
 
 

@@ -3,10 +3,11 @@
 Each file is `<root>/<xx>/<digest>.kv` where digest = blake2b-128 of the key and xx its first two hex digits;
 its content is the integrity frame (frame.py). Writes go to a `.tmp-*` file in the same shard and are
 renamed over the final name (`os.replace`), so a reader sees an old or a new file, never a partial one.
-The LRU index lives in memory and is rebuilt on start from the files' modification times (a hit touches its
-file, so recency survives restarts); leftover `.tmp-*` files from a crash are removed then. A lock file keeps
-a second process off the same directory. Any write error (full disk, read-only or vanished directory)
-disables the tier with one log line; puts return False until a retry after `retry_after_s` succeeds.
+The LRU index lives in memory and is rebuilt on start from the files' modification times (puts and hits
+set them from a strictly increasing clock, so recency survives restarts); leftover `.tmp-*` files from a
+crash are removed then. A lock file keeps a second process off the same directory. Any write error (full
+disk, read-only or vanished directory) disables the tier with one log line; puts return False until a
+retry after `retry_after_s` succeeds.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class DiskStore(KVStore):
         self._enabled = True
         self._disabled_at = 0.0
         self._closed = False
+        self._last_stamp = 0
         self.removed_temp_files = 0
         self._open()
 
@@ -143,6 +145,14 @@ class DiskStore(KVStore):
         self._disabled_at = time.monotonic()
         return self._lock_fd is not None or self._open()
 
+    def _stamp(self, path: Path) -> None:
+        """Set the file's mtime to a strictly increasing clock, so LRU order survives a restart exactly."""
+        with self._lock:
+            self._last_stamp = max(time.time_ns(), self._last_stamp + 1)
+            ns = self._last_stamp
+        with contextlib.suppress(OSError):
+            os.utime(path, ns=(ns, ns))
+
     # -- paths -------------------------------------------------------------------------------------------
 
     def path_of(self, key: str) -> Path:
@@ -177,6 +187,7 @@ class DiskStore(KVStore):
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
+            self._stamp(tmp)
             with self._lock:
                 os.replace(tmp, final)
                 old = self._index.pop(digest, None)
@@ -261,8 +272,7 @@ class DiskStore(KVStore):
         with self._lock:
             if digest in self._index:
                 self._index.move_to_end(digest)
-        with contextlib.suppress(OSError):
-            os.utime(path)
+        self._stamp(path)
         self._counters.hit(len(data), time.perf_counter() - t0)
         return payload
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from support.redis_server import RedisClusterServers, RedisServer, redis_available
 
 from hafiza.store.base import KVStore
 from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
 from hafiza.store.redis_store import RedisStore
+from tests.support.redis_server import RedisClusterServers, RedisServer, redis_available
 
 needs_redis = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 

@@ -1,0 +1,182 @@
+"""TieredStore over real tiers (RAM → disk → Redis): lookup, load with promotion, writer, cost model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hafiza.store.cost import CostModel
+from hafiza.store.disk import DiskStore
+from hafiza.store.memory import MemoryStore
+from hafiza.store.redis_store import RedisStore
+from hafiza.store.tiered import TieredStore
+from tests.support.redis_server import RedisServer
+
+from .conftest import unique_prefix
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_server: RedisServer) -> Iterator[TieredStore]:
+    ram = MemoryStore(1 << 20, name="ram")
+    disk = DiskStore(tmp_path / "disk", 1 << 20, name="disk")
+    rds = RedisStore(redis_server.url, prefix=unique_prefix(), name="redis")
+    ts = TieredStore([ram, disk, rds])
+    yield ts
+    rds.clear()
+    ts.close()
+
+
+def val(i: int) -> bytes:
+    return f"block-{i}".encode() * 50
+
+
+def test_write_through_reaches_every_tier(stack: TieredStore) -> None:
+    for i in range(5):
+        assert stack.put_async(f"k{i}", val(i), ttl_s=60.0)
+    assert stack.flush(timeout=30)
+    for tier in stack.tiers:
+        assert [tier.get(f"k{i}") for i in range(5)] == [val(i) for i in range(5)]
+    ttl = stack.tiers[2].ttl_s("k0")  # type: ignore[attr-defined]
+    assert ttl is not None and 0 < ttl <= 60
+
+
+def test_lookup_stops_at_first_miss_and_names_sources(stack: TieredStore) -> None:
+    ram, disk, rds = stack.tiers
+    keys = [f"k{i}" for i in range(7)]
+    for i in (0, 1, 2, 6):
+        ram.put(keys[i], val(i))
+    disk.put(keys[3], val(3))
+    rds.put(keys[4], val(4))
+    rds.put(keys[1], val(1))  # also lower down: the fastest tier is named
+    found = stack.lookup_prefix(keys)
+    assert (found.num_keys, found.num_hits) == (7, 5)
+    assert found.sources == ["ram", "ram", "ram", "disk", "redis"]
+    assert found.per_tier() == {"ram": 3, "disk": 1, "redis": 1}
+    assert stack.lookup_prefix([]).num_hits == 0
+    s = stack.stats()
+    assert (s.lookups, s.lookup_keys, s.lookup_hit_keys) == (2, 7, 5)
+    assert [t.lookup_hits for t in s.tiers] == [3, 1, 1]
+
+
+def test_load_promotes_hits_into_faster_tiers(stack: TieredStore) -> None:
+    ram, disk, rds = stack.tiers
+    keys = ["a", "b", "c"]
+    ram.put("a", val(0))
+    disk.put("b", val(1))
+    rds.put("c", val(2))
+    assert stack.load(keys) == [val(0), val(1), val(2)]
+    assert ram.contains("b") and ram.contains("c")  # RAM promotion is immediate
+    assert stack.flush(timeout=30)
+    assert disk.get("c") == val(2)  # disk promotion goes through the writer
+    assert not rds.contains("a") and not rds.contains("b")  # never demoted by a load
+
+
+def test_load_returns_the_leading_run_actually_fetched(stack: TieredStore) -> None:
+    _, disk, _ = stack.tiers
+    keys = ["a", "b", "c"]
+    for i, k in enumerate(keys):
+        disk.put(k, val(i))
+    assert stack.lookup_prefix(keys).num_hits == 3
+    disk.path_of("b").write_bytes(b"damaged")  # vanished/damaged between lookup and load
+    assert stack.load(keys) == [val(0)]
+    assert stack.load([]) == []
+
+
+def test_write_back_keeps_writes_in_ram_until_eviction_or_flush(tmp_path: Path) -> None:
+    ram = MemoryStore(3 * 500, name="ram")
+    disk = DiskStore(tmp_path, 1 << 20, name="disk")
+    ts = TieredStore([ram, disk], write_back=True)
+    for i in range(3):
+        ts.put_async(f"k{i}", val(i))
+    assert all(ram.contains(f"k{i}") for i in range(3)) and disk.stats().entries == 0
+    ts.put_async("k3", val(3))  # evicts k0 from RAM, which goes down to disk
+    ts.flush(timeout=30)
+    assert [disk.get(f"k{i}") for i in range(4)] == [val(i) for i in range(4)]
+    ts.close()
+
+
+def test_write_back_needs_ram_first(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="RAM tier first"):
+        TieredStore([DiskStore(tmp_path, 1 << 20)], write_back=True)
+
+
+class GatedStore(MemoryStore):
+    """A RAM tier whose writes wait for a gate, to fill the writer's queue deterministically."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20, name="gated")
+        self.gate = threading.Event()
+
+    def put(self, key: str, value: bytes, ttl_s: float | None = None) -> bool:
+        self.gate.wait()
+        return super().put(key, value, ttl_s)
+
+
+def test_full_queue_drops_instead_of_blocking_and_flush_times_out() -> None:
+    tier = GatedStore()
+    ts = TieredStore([tier], queue_size=2)
+    results = [ts.put_async(f"k{i}", b"v") for i in range(6)]
+    # one job may already be taken by the writer (blocked on the gate), two more wait in the queue
+    assert results[:2] == [True, True] and results[-1] is False
+    assert ts.stats().writes_dropped == results.count(False) >= 3
+    assert ts.flush(timeout=0.05) is False
+    tier.gate.set()
+    assert ts.flush(timeout=30) is True
+    assert ts.stats().queue_depth == 0
+    assert [tier.contains(f"k{i}") for i in range(6)] == results
+    assert ts.close() is True
+    assert ts.put_async("late", b"v") is False
+
+
+def test_compression_ratio_and_per_tier_counters(stack: TieredStore) -> None:
+    stack.put_async("k", b"x" * 1000, raw_nbytes=3000)
+    stack.flush(timeout=30)
+    s = stack.stats()
+    assert [t.compression_ratio for t in s.tiers] == [3.0, 3.0, 3.0]
+    assert [t.stats.puts for t in s.tiers] == [1, 1, 1]
+
+
+def test_cost_model_defaults_then_measures(stack: TieredStore) -> None:
+    bw, measured = stack.cost.bandwidth("disk")
+    assert not measured and bw == 100e6
+    no_rate = stack.should_load(2000, 1_000_000)
+    assert no_rate.load and "not measured" in no_rate.reason and no_rate.recompute_s is None
+    stack.tiers[1].put("big", b"x" * 500_000)
+    stack.load(["big"])
+    bw, measured = stack.cost.bandwidth("disk")
+    assert measured and bw > 0
+
+
+def test_cost_model_decides_load_vs_recompute() -> None:
+    cost = CostModel(defaults={"disk": 100e6, "redis": 10e6})
+    cost.add_tier("disk", "disk")
+    cost.add_tier("redis", "redis")
+    cost.set_prefill_rate(1000.0)  # tokens/s
+    fast = cost.decide(2000, {"disk": 10_000_000})  # 0.1 s load vs 2 s recompute
+    assert fast.load and fast.load_s == pytest.approx(0.1) and fast.recompute_s == pytest.approx(2.0)
+    assert fast.reason.startswith("load:") and "10.00 MB from disk" in fast.reason
+    slow = cost.decide(100, {"redis": 10_000_000})  # 1 s load vs 0.1 s recompute
+    assert not slow.load and slow.reason.startswith("recompute:")
+    mixed = cost.decide(2000, {"disk": 10_000_000, "redis": 10_000_000})
+    assert mixed.load_s == pytest.approx(1.1)
+    assert not cost.decide(0, {"disk": 1}).load
+
+    cost.observe_load("disk", 1_000_000, 0.001)  # 1 GB/s measured
+    assert cost.bandwidth("disk") == (pytest.approx(1e9), True)
+    cost.observe_load("disk", 1_000_000, 0.004)  # the average moves toward 250 MB/s
+    bw, _ = cost.bandwidth("disk")
+    assert 250e6 < bw < 1e9
+    cost.observe_prefill(500, 1.0)
+    assert 500 < cost.prefill_rate() < 1000  # type: ignore[operator]
+
+
+def test_should_load_defaults_to_the_slowest_tier(stack: TieredStore) -> None:
+    stack.cost.set_prefill_rate(10_000.0)
+    d = stack.should_load(1000, 10_000_000)  # redis default 50 MB/s: 0.2 s vs 0.1 s recompute
+    assert not d.load and "from redis" in d.reason
+    assert stack.should_load(1000, 10_000_000, tier="ram").load  # 1 GB/s default: 0.01 s
+    lookup = stack.lookup_prefix([])
+    assert not stack.decide(lookup, tokens_per_key=16, bytes_per_key=1000).load
