@@ -1,0 +1,102 @@
+"""The pools behind the factory: PagedKV interface, error bounds through write/gather, capacity, errors."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from hafiza.cache.kv_cache import KVCache, KVLayout
+from hafiza.errors import HafizaError
+from hafiza.quant import NonFiniteKVError, make_kv_cache, tokens_that_fit
+from hafiza.quant.factory import blocks_that_fit, bytes_per_token
+
+KINDS = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+REL_BOUND = {"fp32": 0.0, "bf16": 2**-8, "fp16": 2**-11, "fp8": 2**-4, "int8": 1 / 127, "int4": 1 / 15}
+
+
+def _kv(t: int, h: int = 2, d: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(t, h, d, generator=g) * 2, torch.randn(t, h, d, generator=g)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_write_gather_within_bound(kind: str, layout: KVLayout) -> None:
+    pool = make_kv_cache(kind, layout, "cpu", window_blocks=0)
+    k, v = _kv(40)
+    pool.write(0, torch.arange(16, 56), k, v)
+    gk, gv = pool.gather(0, torch.tensor([[1, 2, 3]]))
+    assert gk.shape == (1, 48, 2, 64) and gk.dtype == layout.dtype
+    for got, want in ((gk[0, :40], k), (gv[0, :40], v)):
+        assert float((got - want).abs().max()) <= REL_BOUND[kind] * float(want.abs().max()) * 1.01 + 1e-7
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pool_interface_matches_kvcache(kind: str, layout: KVLayout) -> None:
+    pool = make_kv_cache(kind, layout, "cpu")
+    assert pool.layout == layout and pool.block_size == 16 and pool.num_blocks == 8
+    assert pool.bytes_per_token == bytes_per_token(kind, layout)
+    k, v = _kv(32)
+    pool.write(0, torch.arange(32), k, v)
+    data = pool.read_blocks([0, 1])
+    assert data.shape == (1, 2, 2, 16, 2, 64) and data.device.type == "cpu"
+    pool.write_blocks([4, 5], data)
+    again = pool.read_blocks([4, 5])
+    tol = REL_BOUND[kind] * float(data.float().abs().max()) + 1e-6
+    assert float((again.float() - data.float()).abs().max()) <= tol
+
+
+def test_bf16_pool_is_the_existing_kvcache(layout: KVLayout) -> None:
+    pool = make_kv_cache("bf16", layout, "cpu")
+    assert isinstance(pool, KVCache) and pool.k[0].dtype == torch.bfloat16
+    same = make_kv_cache("fp32", layout, "cpu")
+    k, v = _kv(16)
+    same.write(0, torch.arange(16), k, v)
+    assert torch.equal(same.gather(0, torch.tensor([[0]]))[0][0], k)
+
+
+def test_bytes_per_token_count_payload_and_scales() -> None:
+    lay = KVLayout(30, 1, 16, 3, 64, torch.float32)
+    assert bytes_per_token("bf16", lay) == 2 * 30 * 3 * 64 * 2
+    assert bytes_per_token("int8", lay) == 2 * 30 * 3 * (64 + 2)
+    assert bytes_per_token("fp8", lay) == 2 * 30 * 3 * (64 + 4 / 16)
+    assert bytes_per_token("int4", lay) == 30 * 3 * ((32 + 4 * 64 / 16) + (32 + 4 * 64 / 32))
+
+
+def test_tokens_that_fit_orders_formats_and_counts_int4_window() -> None:
+    lay = KVLayout(30, 1, 16, 3, 64, torch.float32)
+    mem = 64 << 20
+    fits = {kind: tokens_that_fit(mem, kind, lay) for kind in KINDS}
+    assert fits["fp32"] < fits["bf16"] < fits["int8"] < fits["fp8"] < fits["int4"]
+    assert all(n % 16 == 0 for n in fits.values())
+    assert tokens_that_fit(mem, "int4", lay, max_seqs=8) < fits["int4"]
+    assert blocks_that_fit(1000, "bf16", lay) == 0
+
+
+def test_unknown_kind_is_a_clear_error(layout: KVLayout) -> None:
+    with pytest.raises(HafizaError, match="unknown KV cache kind 'int3'"):
+        make_kv_cache("int3", layout, "cpu")
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8", "int4"])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_values_are_rejected(kind: str, bad: float, layout: KVLayout) -> None:
+    pool = make_kv_cache(kind, layout, "cpu")
+    k, v = _kv(4)
+    k[2, 1, 5] = bad
+    with pytest.raises(NonFiniteKVError, match=r"inf or NaN .* layer\(s\) \[0\]"):
+        pool.write(0, torch.arange(4), k, v)
+    pool.write(0, torch.arange(4), *_kv(4))
+    with pytest.raises(NonFiniteKVError, match="write_blocks"):
+        pool.write_blocks([1], torch.full((1, 2, 1, 16, 2, 64), bad))
+
+
+def test_non_finite_check_runs_once_per_step_at_the_last_layer(layout: KVLayout) -> None:
+    pool = make_kv_cache("int8", replace(layout, num_layers=3), "cpu")
+    k, v = _kv(2)
+    v[0, 0, 0] = float("nan")
+    pool.write(0, torch.arange(2), k, v)
+    pool.write(1, torch.arange(2), *_kv(2))
+    with pytest.raises(NonFiniteKVError, match=r"layer\(s\) \[0\]"):
+        pool.write(2, torch.arange(2), *_kv(2))
