@@ -55,7 +55,7 @@ class KVCache:
         b, n = block_tables.shape
         flat = block_tables.reshape(-1)
         shape = (b, n * self.layout.block_size, self.layout.num_kv_heads, self.layout.head_dim)
-        return self.k[layer][flat].view(shape), self.v[layer][flat].view(shape)
+        return self.k[layer].index_select(0, flat).view(shape), self.v[layer].index_select(0, flat).view(shape)
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Copy whole blocks out (offload, codec): [layers, 2, n, block_size, Hkv, d] on the CPU."""

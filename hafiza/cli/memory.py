@@ -60,7 +60,7 @@ def memory(
     print(f"bytes_per_token={per_token:.0f} total_bytes={total:.0f}")
 
 
-def _config(model: str | None):  # noqa: ANN202 - returns ModelConfig, imported lazily
+def _config(model: str | None):
     from pathlib import Path
 
     from hafiza.models.config import ModelConfig

@@ -10,15 +10,15 @@ from typing import Any
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import AddedToken, Regex
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
 
 from hafiza.errors import ModelLoadError
 
 # Pre-tokenizer regexes for the BPE variants llama.cpp names in `tokenizer.ggml.pre`.
 _LLAMA3_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -111,10 +111,7 @@ def tokenizer_from_gguf(fields: dict[str, Any], path: Path) -> Tokenizer:
     if eot_id is not None and int(eot_id) not in eos_ids:
         eos_ids.append(int(eot_id))
     add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", model == "llama"))
-    if model == "gpt2":
-        backend = _bpe_from_gguf(fields, tokens)
-    else:
-        backend = _converted_by_transformers(path)
+    backend = _bpe_from_gguf(fields, tokens) if model == "gpt2" else _converted_by_transformers(path)
     return Tokenizer(backend, bos, eos, add_bos, template, eos_ids)
 
 

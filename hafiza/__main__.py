@@ -1,0 +1,5 @@
+"""`python -m hafiza` runs the CLI."""
+
+from hafiza.cli import main
+
+main()

@@ -1,0 +1,152 @@
+"""BlockManager: prefix hits, LRU eviction, pins with TTL, and its invariants under random operation streams."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hafiza.cache.block_manager import BlockManager, NoFreeBlocksError
+from hafiza.cache.hashing import chain_hashes
+
+BS = 4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fill(bm: BlockManager, tokens: list[int]) -> list[int]:
+    """Allocate and cache blocks for `tokens` as the engine does after computing them."""
+    hashes = chain_hashes(tokens, BS)
+    blocks = bm.allocate(-(-len(tokens) // BS))
+    for i, h in enumerate(hashes):
+        bm.cache_block(blocks[i], h, tokens[i * BS : (i + 1) * BS])
+    bm.check_integrity()
+    return blocks
+
+
+def test_hit_reuses_blocks_and_is_capped_below_prompt_length() -> None:
+    bm = BlockManager(8, BS)
+    tokens = list(range(12))
+    blocks = fill(bm, tokens)
+    bm.free(blocks)
+    bm.check_integrity()
+    assert bm.stats().cached == 3
+    # the whole prompt is cached, but the last token must be recomputed: only 2 of 3 blocks hit
+    assert bm.match_prefix(tokens, chain_hashes(tokens, BS)) == blocks[:2]
+    longer = [*tokens, 99]
+    assert bm.match_prefix(longer, chain_hashes(longer, BS)) == blocks[:3]
+
+
+def test_hit_is_verified_against_token_ids() -> None:
+    bm = BlockManager(8, BS)
+    tokens = list(range(8))
+    blocks = fill(bm, tokens)
+    bm.free(blocks)
+    forged = [100, 101, 102, 103, 4, 5, 6, 7, 8]
+    assert bm.match_prefix(forged, chain_hashes(tokens, BS)) == []
+
+
+def test_lru_evicts_least_recently_used_and_tail_first() -> None:
+    bm = BlockManager(4, BS)
+    a = fill(bm, list(range(8)))
+    bm.free(a)
+    b = fill(bm, list(range(100, 108)))
+    bm.free(b)
+    new = bm.allocate(1)  # evicts the LRU block: a's tail (freed tail first)
+    assert new == [a[1]]
+    assert bm.stats().evictions == 1
+    assert bm.match_prefix([*range(8), 9], chain_hashes(list(range(8)), BS)) == [a[0]]
+    bm.check_integrity()
+
+
+def test_pinned_blocks_outlive_unpinned_until_ttl_expires() -> None:
+    clock = Clock()
+    bm = BlockManager(4, BS, clock=clock)
+    a = fill(bm, list(range(8)))
+    bm.pin(a, ttl_s=300)
+    bm.free(a)
+    b = fill(bm, list(range(100, 108)))
+    bm.free(b)
+    assert bm.stats().pinned == 2
+    assert sorted(bm.allocate(2)) == sorted(b)  # unpinned go first although a is older
+    bm.check_integrity()
+    clock.now = 301
+    assert bm.stats().pinned == 0
+    assert sorted(bm.allocate(2)) == sorted(a)  # expired pins are ordinary LRU blocks
+    assert bm.pinned_evictions == 0
+    bm.check_integrity()
+
+
+def test_hit_refreshes_pin_ttl() -> None:
+    clock = Clock()
+    bm = BlockManager(4, BS, clock=clock)
+    a = fill(bm, list(range(8)))
+    bm.pin(a, ttl_s=300)
+    bm.free(a)
+    clock.now = 200
+    bm.acquire(a)
+    bm.free(a)
+    clock.now = 450
+    assert bm.stats().pinned == 2  # refreshed at t=200, expires at 500
+
+
+def test_only_pinned_left_evicts_pinned_as_last_resort() -> None:
+    bm = BlockManager(2, BS)
+    a = fill(bm, list(range(8)))
+    bm.pin(a, ttl_s=3600)
+    bm.free(a)
+    assert len(bm.allocate(2)) == 2
+    assert bm.pinned_evictions == 2
+    bm.check_integrity()
+    with pytest.raises(NoFreeBlocksError):
+        bm.allocate(1)
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["admit", "finish", "pin", "tick", "drop"]), st.integers(0, 40), st.integers(0, 3)),
+    min_size=1, max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_invariants_hold_under_random_streams(stream: list[tuple[str, int, int]]) -> None:
+    clock = Clock()
+    bm = BlockManager(12, BS, clock=clock)
+    live: list[tuple[list[int], list[int]]] = []
+    prefixes = [[p * 1000 + i for i in range(40)] for p in range(4)]
+    for op, n, which in stream:
+        if op == "admit":
+            tokens = prefixes[which][: max(1, n)]
+            hashes = chain_hashes(tokens, BS)
+            hit = bm.match_prefix(tokens, hashes)
+            reclaim = sum(1 for b in hit if bm.blocks[b].ref_count == 0)
+            need = -(-len(tokens) // BS) - len(hit)
+            if need <= bm.num_allocatable() - reclaim:
+                bm.acquire(hit)
+                blocks = hit + bm.allocate(need)
+                for i, h in enumerate(hashes):
+                    bm.cache_block(blocks[i], h, tokens[i * BS : (i + 1) * BS])
+                live.append((tokens, blocks))
+        elif op == "finish" and live:
+            bm.free(live.pop(n % len(live))[1])
+        elif op == "pin" and live:
+            tokens, blocks = live[n % len(live)]
+            bm.pin(blocks[: len(tokens) // BS], ttl_s=float(10 * (which + 1)))
+        elif op == "tick":
+            clock.now += n
+        elif op == "drop":
+            bm.drop(chain_hashes(prefixes[which], BS))
+        bm.check_integrity()
+        s = bm.stats()
+        assert s.free + s.cached + s.in_use == s.total
+    for _, blocks in live:
+        bm.free(blocks)
+    bm.check_integrity()
+    assert bm.stats().in_use == 0
