@@ -16,9 +16,7 @@ def _check(name: str, value: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
-def block_key(
-    prefix_hash_hex: str, model_fingerprint: str, kv_dtype: str, block_size: int, codec_id: str
-) -> str:
+def block_key(prefix_hash_hex: str, model_fingerprint: str, kv_dtype: str, block_size: int, codec_id: str) -> str:
     """`hz1:<model>:<dtype>:<block_size>:<codec>:<hash>`: different models/dtypes/codecs never collide."""
     if not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_key: block_size={block_size!r} must be a positive int")

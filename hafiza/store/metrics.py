@@ -60,8 +60,7 @@ class StoreCollector(Collector):
             ),
         }
         counters = {
-            attr: CounterMetricFamily(f"hafiza:store_{metric}", doc, labels=labels)
-            for metric, doc, attr in _COUNTERS
+            attr: CounterMetricFamily(f"hafiza:store_{metric}", doc, labels=labels) for metric, doc, attr in _COUNTERS
         }
         lookup_hits = CounterMetricFamily(
             "hafiza:store_lookup_hits", "Leading prefix keys a lookup found in the tier.", labels=labels

@@ -3,7 +3,9 @@
 Works against one server (`redis.Redis`) or a Redis Cluster (`redis.cluster.RedisCluster`). The client never
 retries inside a call (that would stall the engine); instead a failed call marks the tier `degraded`, logs
 one warning, and for `retry_interval_s` every operation answers at once as a miss (put: False). The next
-call after that interval rebuilds the client and probes; the first success clears `degraded` and logs it.
+call after that interval rebuilds the client and probes: PING, or on a cluster every master must answer and
+report cluster_state:ok (so a cluster with one master down stays degraded until it is back or failed over,
+instead of flapping); success clears `degraded` and logs it.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ class RedisStore(KVStore):
         default_ttl_s: float | None = DEFAULT_TTL_S,
         name: str = "redis",
         socket_timeout_s: float = 2.0,
-        connect_timeout_s: float = 1.0,
-        retry_interval_s: float = 1.0,
+        connect_timeout_s: float = 0.5,
+        retry_interval_s: float = 2.0,
     ):
         self.name = name
         self.url = url
@@ -100,15 +102,28 @@ class RedisStore(KVStore):
             with contextlib.suppress(Exception):  # closing a broken client must not mask the outage
                 client.close()
 
+    def _probe(self, client: Any) -> None:
+        """PING the server; on a cluster every master must answer and report cluster_state:ok."""
+        if not self.cluster:
+            client.ping()
+            return
+        infos = client.cluster_info(target_nodes=RedisCluster.PRIMARIES)
+        for info in [infos] if "cluster_state" in infos else infos.values():
+            if info.get("cluster_state") != "ok":
+                raise ClusterDownError(f"cluster_state is {info.get('cluster_state')!r}")
+
     def _run(self, fn: Callable[[Any], T]) -> T:
         """Run one command, tracking outages; raises _Unavailable when the server cannot answer."""
-        if self._closed or (self._degraded and time.monotonic() < self._next_probe):
+        probing = self._degraded
+        if self._closed or (probing and time.monotonic() < self._next_probe):
             raise _Unavailable
         try:
             with self._client_lock:
                 if self._client is None:
                     self._client = self._make_client()
                 client = self._client
+            if probing:
+                self._probe(client)
             result = fn(client)
         except (RedisError, OSError, redis.exceptions.RedisClusterException) as e:
             if not _is_outage(e):

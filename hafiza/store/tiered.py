@@ -3,9 +3,9 @@
 - `lookup_prefix(keys)`: how many leading keys of a block chain some tier holds, and which tier supplies each.
 - `load(keys)`: the leading run of values actually fetched; each hit is promoted into the faster tiers above
   its source (RAM directly, others through the writer).
-- `put_async`: write-through (every tier, on a background writer thread with a bounded queue; a full queue
-  drops the write instead of blocking the engine) or write-back (RAM now; lower tiers when RAM evicts the
-  entry or on `flush`). `flush(timeout)` drains everything pending (graceful shutdown).
+- `put_async`: write-through (every tier, on a background writer thread with a queue bounded in jobs and
+  bytes; a full queue drops the write instead of blocking the engine) or write-back (RAM now; lower tiers
+  when RAM evicts the entry or on `flush`). `flush(timeout)` drains everything pending (graceful shutdown).
 - `should_load`/`decide`: the cost model (cost.py) over the tiers' measured bandwidth.
 """
 
@@ -95,6 +95,7 @@ class TieredStore:
         *,
         write_back: bool = False,
         queue_size: int = 1024,
+        max_pending_bytes: int = 256 << 20,
         cost: CostModel | None = None,
     ):
         names = [t.name for t in tiers]
@@ -116,6 +117,8 @@ class TieredStore:
         self._pending = 0
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self.queue_size = queue_size
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
         self.writes_enqueued = self.writes_dropped = 0
         self.lookups = self.lookup_keys = self.lookup_hit_keys = 0
         self._closed = False
@@ -191,9 +194,7 @@ class TieredStore:
 
     # -- writing -----------------------------------------------------------------------------------------
 
-    def put_async(
-        self, key: str, value: bytes, ttl_s: float | None = None, raw_nbytes: int | None = None
-    ) -> bool:
+    def put_async(self, key: str, value: bytes, ttl_s: float | None = None, raw_nbytes: int | None = None) -> bool:
         """Queue `value` for the tiers (write-back: store in RAM now); False when dropped.
 
         `raw_nbytes` is the block's size before the codec, for the compression-ratio metric.
@@ -227,15 +228,20 @@ class TieredStore:
             self._enqueue(_Job(key, value, meta[0], meta[1], tuple(range(1, len(self.tiers)))))
 
     def _enqueue(self, job: _Job) -> bool:
+        """Hand a job to the writer; False (dropped) when the queue is closed or full in jobs or bytes."""
         with self._lock:
             if self._closed:
                 return False
+            over = self._pending and self._pending_bytes + len(job.value) > self.max_pending_bytes
             try:
+                if over:
+                    raise queue.Full
                 self._queue.put_nowait(job)
             except queue.Full:
                 self.writes_dropped += 1
                 return False
             self._pending += 1
+            self._pending_bytes += len(job.value)
             self.writes_enqueued += 1
         return True
 
@@ -266,6 +272,7 @@ class TieredStore:
             finally:
                 with self._lock:
                     self._pending -= 1
+                    self._pending_bytes -= len(job.value)
                     if self._pending == 0:
                         self._idle.notify_all()
 

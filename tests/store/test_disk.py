@@ -155,9 +155,7 @@ def test_file_removed_behind_the_store_is_a_miss(tmp_path: Path) -> None:
     assert store.stats().errors == 0 and store.stats().entries == 0
 
 
-def test_directory_under_a_regular_file_disables_the_tier(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_directory_under_a_regular_file_disables_the_tier(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     with caplog.at_level(logging.ERROR, logger="hafiza.store"):
@@ -214,9 +212,7 @@ def test_full_disk_disables_the_tier_and_leaves_no_partial_file(tmp_path: Path) 
         }))
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
     assert result["small"] is True and result["big"] is False and result["again"] is False
     assert result["enabled"] is False and result["small_back"] is True and result["errors"] == 1

@@ -44,9 +44,7 @@ def test_metrics_per_tier(tmp_path: Path, own_redis: RedisServer) -> None:
     assert sample("hafiza:store_load_seconds_count", "disk", "disk") == 1.0
     assert sample("hafiza:store_save_seconds_count", "ram", "memory") == 3.0  # 2 writes + 1 promotion
     assert (
-        registry.get_sample_value(
-            "hafiza:store_load_seconds_bucket", {"tier": "ram", "kind": "memory", "le": "+Inf"}
-        )
+        registry.get_sample_value("hafiza:store_load_seconds_bucket", {"tier": "ram", "kind": "memory", "le": "+Inf"})
         == 1.0
     )
     assert registry.get_sample_value("hafiza:store_lookup_keys_total") == 3.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -50,9 +51,7 @@ def test_keys_live_under_the_prefix_and_clear_touches_nothing_else(
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
-def test_damaged_value_is_detected_and_dropped(
-    redis_server: RedisServer, raw_redis: redis.Redis, damage: str
-) -> None:
+def test_damaged_value_is_detected_and_dropped(redis_server: RedisServer, raw_redis: redis.Redis, damage: str) -> None:
     store = RedisStore(redis_server.url, prefix=unique_prefix())
     store.put("k", os.urandom(4096))
     rkey = store.prefix + "k"
@@ -128,3 +127,27 @@ def test_cluster_spreads_keys_over_slots_and_nodes(redis_cluster: RedisClusterSe
     store.clear()
     assert store.get_many(keys) == [None] * 60
     store.close()
+
+
+def test_cluster_master_killed_then_restarted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with RedisClusterServers(tmp_path) as cluster:
+        store = RedisStore(cluster.url, cluster=True, prefix="t:", retry_interval_s=0.1)
+        keys = [f"k{i}" for i in range(30)]
+        for k in keys:
+            store.put(k, b"v")
+        with caplog.at_level(logging.WARNING, logger="hafiza.store"):
+            cluster.nodes[1].kill()
+            assert store.get_many(keys) == [None] * 30 and store.degraded
+            for _ in range(3):  # probes keep failing while one master is down: no flapping
+                time.sleep(0.15)
+                assert store.get(keys[0]) is None and store.degraded
+            cluster.nodes[1].start()
+            deadline = time.monotonic() + 60  # a hang guard, not a speed requirement
+            while not store.put("after", b"v2") and time.monotonic() < deadline:
+                time.sleep(0.15)
+        assert not store.degraded and store.get("after") == b"v2"
+        assert store.get_many(keys).count(b"v") >= 1  # keys on the surviving masters are still there
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("degraded" in m for m in messages) == 1
+        assert sum("reconnected" in m for m in messages) == 1
+        store.close()

@@ -180,3 +180,14 @@ def test_should_load_defaults_to_the_slowest_tier(stack: TieredStore) -> None:
     assert stack.should_load(1000, 10_000_000, tier="ram").load  # 1 GB/s default: 0.01 s
     lookup = stack.lookup_prefix([])
     assert not stack.decide(lookup, tokens_per_key=16, bytes_per_key=1000).load
+
+
+def test_queue_is_bounded_in_bytes_too() -> None:
+    tier = GatedStore()
+    ts = TieredStore([tier], queue_size=100, max_pending_bytes=1000)
+    assert ts.put_async("huge", b"x" * 5000)  # alone in the queue: always accepted
+    assert ts.put_async("more", b"y") is False
+    tier.gate.set()
+    assert ts.flush(timeout=30)
+    assert ts.put_async("a", b"a" * 600) and ts.put_async("b", b"b" * 300)
+    ts.close()
