@@ -1,0 +1,18 @@
+"""Registers every benchmark module's command on `hafiza bench`."""
+
+from __future__ import annotations
+
+import importlib
+
+from hafiza.cli import bench_app
+
+BENCH_MODULES = ("cache", "engine_benches", "quality", "serve", "tiers", "suite")
+
+for _name in BENCH_MODULES:
+    try:
+        _module = importlib.import_module(f"hafiza.bench.{_name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"hafiza.bench.{_name}":
+            raise
+        continue
+    _module.register(bench_app)

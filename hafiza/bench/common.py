@@ -1,0 +1,50 @@
+"""Shared benchmark plumbing: machine description, JSON output, medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path("bench/results")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU model, cores, torch threads, device."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                            "torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def write_json(data: dict[str, Any], path: str | Path | None, default_name: str) -> Path:
+    """Write `data` (plus machine info and a timestamp) to `path` or bench/results/<default_name>."""
+    out = Path(path) if path else RESULTS_DIR / default_name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"machine": machine(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), **data}
+    out.write_text(json.dumps(payload, indent=2))
+    return out
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Median wall time of `repeats` calls, and the last result."""
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
