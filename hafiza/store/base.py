@@ -20,9 +20,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from types import TracebackType
 
+from hafiza.store.keys import block_key
 from hafiza.store.stats import StoreStats
 
-__all__ = ["KVStore", "StoreStats"]
+__all__ = ["KVStore", "StoreStats", "block_key"]
 
 
 class KVStore(ABC):

@@ -88,6 +88,7 @@ class RedisStore(KVStore):
         opts: dict[str, Any] = {
             "socket_timeout": self.socket_timeout_s,
             "socket_connect_timeout": self.connect_timeout_s,
+            "socket_read_size": 1 << 20,  # KV blocks are hundreds of KB: fewer, larger reads
             "retry": Retry(NoBackoff(), 0),
         }
         if self.cluster:
