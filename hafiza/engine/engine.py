@@ -13,6 +13,7 @@ from hafiza.cache.block_manager import BlockManager, BlockStats
 from hafiza.cache.kv_cache import KVCache, KVLayout
 from hafiza.cache.memory import kv_memory_bytes
 from hafiza.device import dtype_name, resolve_dtype
+from hafiza.engine.connector import KVConnector
 from hafiza.engine.output import TextOutput
 from hafiza.engine.runner import ModelRunner
 from hafiza.engine.sampling import SamplingParams, sample
@@ -50,6 +51,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     pinned_tokens: int = 0
+    external_tokens: int = 0
+    external_sources: dict[str, int] = field(default_factory=dict)
+    external_decision: str = ""
     arrival_time: float = 0.0
     first_token_time: float | None = None
 
@@ -115,6 +119,12 @@ class LLMEngine:
         self.outputs: dict[str, TextOutput] = {}
         self._ids = itertools.count()
         self.prompt_tokens = self.generation_tokens = self.requests_finished = 0
+        self.connector: KVConnector | None = None
+
+    def attach_connector(self, connector: KVConnector) -> None:
+        """Connect KV tiers below the pool: full blocks are written through, admissions look them up."""
+        self.connector = connector
+        self.scheduler.connector = connector
 
     @property
     def capacity_tokens(self) -> int:
@@ -207,6 +217,8 @@ class LLMEngine:
             hashes = seq.hashes(bs)
             for b in range(seq.num_cached_blocks, full):
                 self.blocks.cache_block(seq.block_table[b], hashes[b], seq.token_ids[b * bs : (b + 1) * bs])
+                if self.connector is not None:
+                    self.connector.save(hashes[b], seq.block_table[b])
             seq.num_cached_blocks = full
         for pin in seq.pins:
             covered = min(pin.num_tokens, seq.num_prompt_tokens) // bs
@@ -253,6 +265,8 @@ class LLMEngine:
             finish_reason=seq.finish_reason, stop_sequence=seq.stop_sequence,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens or 0,
             num_output_tokens=seq.num_output_tokens, pinned_tokens=seq.pinned_tokens,
+            external_tokens=seq.external_tokens, external_sources=dict(seq.external_sources),
+            external_decision=seq.external_decision,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time,
         )
 

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hafiza.cache.block_manager import BlockManager
+from hafiza.engine.connector import KVConnector
 from hafiza.engine.sequence import Sequence, Status
 
 
@@ -47,6 +48,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.connector: KVConnector | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -115,25 +117,47 @@ class Scheduler:
         return self._decodes_first(batch)
 
     def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
-        """Give a waiting sequence its cached prefix and blocks for its first chunk, if they fit."""
+        """Give a waiting sequence its cached prefix (pool, then tiers) and blocks for its first chunk, if they
+        fit."""
         bs = self.blocks.block_size
         hit: list[int] = []
+        hashes = seq.hashes(bs)
         if self.config.enable_prefix_caching:
-            hit = self.blocks.match_prefix(seq.token_ids, seq.hashes(bs), count=False)
-        n = min(seq.num_tokens - len(hit) * bs, budget)
-        need = -(-(len(hit) * bs + n) // bs) - len(hit)
+            hit = self.blocks.match_prefix(seq.token_ids, hashes, count=False)
+        external = 0
+        limit = (seq.num_tokens - 1) // bs
+        ext = None
+        if self.connector is not None and self.config.enable_prefix_caching and len(hit) < limit:
+            ext = self.connector.lookup(hashes[len(hit) : limit])
+            external = ext.num_blocks if ext.load else 0
+        cached = len(hit) + external
+        n = min(seq.num_tokens - cached * bs, budget)
+        need = -(-(cached * bs + n) // bs) - len(hit)
         reclaimed = sum(1 for b in hit if self.blocks.blocks[b].ref_count == 0)
         if need > self.blocks.num_allocatable() - reclaimed:
             return False
+        self.blocks.acquire(hit)
+        fresh = self.blocks.allocate(need)
+        seq.block_table = hit + fresh
+        if external:
+            loaded = self.connector.load(hashes[len(hit) : cached], fresh[:external])  # type: ignore[union-attr]
+            for i in range(loaded):
+                b = len(hit) + i
+                self.blocks.cache_block(fresh[i], hashes[b], seq.token_ids[b * bs : (b + 1) * bs])
+            if seq.num_cached_tokens is None:
+                seq.external_tokens = loaded * bs
+                seq.external_sources = dict(ext.per_tier) if ext else {}
+            cached = len(hit) + loaded
+            n = min(seq.num_tokens - cached * bs, budget, len(seq.block_table) * bs - cached * bs)
+        if ext is not None and seq.num_cached_tokens is None:
+            seq.external_decision = ext.reason
         if self.config.enable_prefix_caching:
             self.blocks.prefix_cache_queries += seq.num_tokens
-            self.blocks.prefix_cache_hits += len(hit) * bs
-        self.blocks.acquire(hit)
-        seq.block_table = hit + self.blocks.allocate(need)
-        seq.num_computed = len(hit) * bs
-        seq.num_cached_blocks = len(hit)
+            self.blocks.prefix_cache_hits += cached * bs
+        seq.num_computed = cached * bs
+        seq.num_cached_blocks = cached
         if seq.num_cached_tokens is None:
-            seq.num_cached_tokens = len(hit) * bs
+            seq.num_cached_tokens = cached * bs
         seq.status = Status.RUNNING
         self.running.append(seq)
         batch.seqs.append(seq)

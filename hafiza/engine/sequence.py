@@ -43,6 +43,9 @@ class Sequence:
     block_hashes: list[str] = field(default_factory=list)
     num_cached_blocks: int = 0
     pinned_tokens: int = 0
+    external_tokens: int = 0
+    external_sources: dict[str, int] = field(default_factory=dict)
+    external_decision: str = ""
     finish_reason: str | None = None
     stop_sequence: str | None = None
     num_preemptions: int = 0

@@ -13,7 +13,8 @@ from hafiza.engine.runner import ModelRunner
 from hafiza.engine.scheduler import ScheduledBatch
 from hafiza.engine.sequence import Sequence
 from hafiza.models import LoadedModel, load_model
-from tests.support.models import hf_reference, hf_reference_from_loaded
+from hafiza.bench.peers import transformers_model as hf_reference_from_loaded
+from tests.support.models import hf_reference
 
 TOL = 1e-4
 

@@ -61,19 +61,3 @@ def hf_reference(model_path: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
-
-
-def hf_reference_from_loaded(loaded):
-    """A transformers model holding exactly the weights hafiza loaded (e.g. the dequantized GGUF)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from hafiza.models.gguf_file import config_from_gguf, gguf_fields, load_gguf_weights, open_gguf
-
-    reader = open_gguf(loaded.path)
-    cfg = config_from_gguf(gguf_fields(reader), loaded.path)
-    weights = load_gguf_weights(reader, cfg, loaded.path, torch.float32)
-    hf_cfg = AutoConfig.for_model(**{k: v for k, v in cfg.to_hf().items() if k != "architectures"})
-    model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32).eval()
-    model.load_state_dict({k: v for k, v in weights.items() if k != "rope_freqs"}, strict=False)
-    model.tie_weights()
-    return model
