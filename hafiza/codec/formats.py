@@ -121,4 +121,4 @@ def bits_tensor(bits: np.ndarray, fmt: BitFormat) -> torch.Tensor:
     """A torch tensor of `fmt`'s dtype whose bit patterns are `bits` (no float arithmetic involved)."""
     arr = np.ascontiguousarray(bits.astype(fmt.uint, copy=False))
     signed = {8: np.uint8, 16: np.int16, 32: np.int32}[fmt.width]
-    return torch.from_numpy(arr.view(signed).copy()).view(fmt.torch_dtype)
+    return torch.from_numpy(arr.view(signed).copy()).view(fmt.torch_dtype).reshape(bits.shape)

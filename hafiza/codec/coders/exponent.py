@@ -44,7 +44,7 @@ class _Bound(BoundCoder):
         for g in range(vshape[0]):
             order = np.argsort(classes[g], kind="stable")
             ks, starts = np.unique(classes[g][order], return_index=True)
-            bounds = [*starts[1:], order.size]
+            bounds = np.append(starts[1:], order.size)[: starts.size]
             self.plan.append([(int(k), order[a:b]) for k, a, b in zip(ks, starts, bounds, strict=True)])
 
     def encode(self, bits: np.ndarray, ref: ChunkRef) -> bytes:
@@ -105,6 +105,6 @@ class ExponentCoder(Coder):
         tables = ans.deserialize_tables(sizes, syms, cnts)
         center = center.astype(np.int64).reshape(groups, channels)
         classes = classes.astype(np.int64).reshape(groups, channels)
-        if classes.size and classes.max() >= len(tables):
+        if vshape[1] and classes.size and classes.max() >= len(tables):
             raise ValueError("exponent model names a missing table")
         return _Bound(fmt, vshape, center, classes, tables)

@@ -30,7 +30,7 @@ class Int8Weight:
     @classmethod
     def of(cls, w: torch.Tensor) -> Int8Weight:
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        q = (w * (1.0 / scale)[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return cls(q.t().contiguous(), scale.float())
 
 

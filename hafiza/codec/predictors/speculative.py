@@ -22,6 +22,21 @@ from hafiza.codec.layout import ChunkRef, view_shape
 from hafiza.codec.predictors.base import BoundPredictor, Predictor, wrap
 from hafiza.codec.predictors.forward import PredictorModel
 
+_PREPARED: dict[tuple[int, str, int], tuple[Any, PredictorModel]] = {}
+
+
+def prepared(target: Any, variant: str, exact_layers: int) -> PredictorModel:
+    """The target's weights prepared for a variant, shared by every predictor of this process (encoders and
+    decoders alike), so converting the weights is paid once."""
+    key = (id(target), variant, exact_layers)
+    hit = _PREPARED.get(key)
+    if hit is None or hit[0] is not target:
+        if len(_PREPARED) >= 4:
+            _PREPARED.pop(next(iter(_PREPARED)))
+        hit = (target, PredictorModel(target, variant, exact_layers))
+        _PREPARED[key] = hit
+    return hit[1]
+
 
 class _Bound(BoundPredictor):
     def __init__(self, fmt: BitFormat, prediction: np.ndarray) -> None:
@@ -93,7 +108,7 @@ class SpeculativePredictor(Predictor):
         if self._memo is not None and self._memo[0] == key:
             return self._memo[1], self._memo[2]
         if self._runner is None:
-            self._runner = PredictorModel(self.target, self.variant, self.exact_layers)
+            self._runner = prepared(self.target, self.variant, self.exact_layers)
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
