@@ -1,0 +1,67 @@
+"""`hafiza serve`: the Anthropic Messages and OpenAI Chat Completions APIs over HTTP, with prompt caching."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from hafiza.cli import app
+
+
+@app.command()
+def serve(
+    model: Annotated[str | None, typer.Option(help="GGUF file or model directory (default: SmolLM2-135M).")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    api_key: Annotated[str | None, typer.Option(
+        help="Require this key: x-api-key (Anthropic routes) or Authorization: Bearer (OpenAI routes).",
+        envvar="HAFIZA_API_KEY")] = None,
+    model_name: Annotated[str | None, typer.Option(
+        help="Model id clients send (default: the model file's stem).")] = None,
+    kv_memory: Annotated[str, typer.Option(help="KV pool size: auto, a size (2GiB) or a fraction of free memory.")
+                         ] = "auto",
+    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto (bf16), model, fp32, bf16.")] = "auto",
+    min_cache_tokens: Annotated[int, typer.Option(
+        help="Shortest prefix a cache_control breakpoint caches (shorter ones are ignored, no error).")] = 1024,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Compute dtype: fp32 or bf16.")] = "fp32",
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    max_num_seqs: Annotated[int, typer.Option(help="Most requests in the running batch.")] = 64,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Most tokens computed per engine step.")] = 512,
+    max_model_len: Annotated[int | None, typer.Option(help="Cap on prompt + output tokens (default: the model's).")
+                             ] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted (413 above).")] = 8 * 2**20,
+    prices: Annotated[str | None, typer.Option(
+        help="Price table for the savings metrics: input_per_mtok=3,read=0.1,write_5m=1.25,write_1h=2.")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve the model over HTTP until interrupted."""
+    import uvicorn
+
+    from hafiza.engine import EngineConfig
+    from hafiza.errors import HafizaError
+    from hafiza.server import PriceTable, ServerSettings, create_app
+    from hafiza.server.launch import describe, served_name, start_engine
+
+    if min_cache_tokens < 0 or max_body_bytes < 1:
+        raise HafizaError("--min-cache-tokens must be >= 0 and --max-body-bytes >= 1")
+    if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
+        raise HafizaError("--block-size, --max-num-seqs and --max-num-batched-tokens must be positive")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    price_table = PriceTable.parse(prices)
+    config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
+    aengine = start_engine(model, device, dtype, config)
+    try:
+        lm = aengine.engine.loaded
+        name = model_name or served_name(lm)
+        aliases = tuple(a for a in (served_name(lm), lm.name) if a != name)
+        settings = ServerSettings(model_name=name, aliases=aliases, api_key=api_key,
+                                  min_cache_tokens=min_cache_tokens, max_body_bytes=max_body_bytes,
+                                  prices=price_table)
+        logging.getLogger("hafiza.server").info("serving %r: %s", name, describe(aengine))
+        uvicorn.run(create_app(aengine, settings), host=host, port=port, log_level=log_level.lower())
+    finally:
+        aengine.shutdown()

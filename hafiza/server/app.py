@@ -1,0 +1,27 @@
+"""create_app: the FastAPI application around a running AsyncEngine."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from hafiza.engine.async_engine import AsyncEngine
+from hafiza.server.errors import install_error_handlers
+from hafiza.server.routes import anthropic, common, openai
+from hafiza.server.settings import ServerSettings
+from hafiza.server.state import ServerState
+
+
+def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
+               registry: CollectorRegistry | None = None) -> FastAPI:
+    """The HTTP app. The engine is started and stopped by the caller; `app.state.hafiza` (a ServerState) holds
+    the engine, settings and metrics registry for routes and collectors added later."""
+    settings = settings or ServerSettings()
+    app = FastAPI(title="hafiza", summary="Anthropic Messages and OpenAI Chat Completions with prompt caching",
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.hafiza = ServerState.create(aengine, settings, registry)
+    install_error_handlers(app)
+    app.include_router(common.router)
+    app.include_router(anthropic.router)
+    app.include_router(openai.router)
+    return app

@@ -1,0 +1,1 @@
+"""Pydantic request bodies of the two APIs the server speaks."""

@@ -1,0 +1,74 @@
+"""Anthropic Messages API request bodies (the subset hafiza serves: text, with cache_control breakpoints)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CacheControl(BaseModel):
+    """A cache breakpoint: everything up to and including the block it is on may be cached for `ttl`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] = "5m"
+
+
+class ContentBlock(BaseModel):
+    """A content block; `type` is checked when the prompt is built so unsupported kinds get a clear message."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+    cache_control: CacheControl | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[ContentBlock] | None = None
+    is_error: bool | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class Tool(BaseModel):
+    """A tool definition: rendered into the prompt (it is part of the cached prefix), never called."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
+
+
+class CountTokensRequest(BaseModel):
+    """POST /v1/messages/count_tokens."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[Message]
+    system: str | list[ContentBlock] | None = None
+    tools: list[Tool] | None = None
+    cache_control: CacheControl | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    """POST /v1/messages."""
+
+    max_tokens: int = Field(ge=0)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None

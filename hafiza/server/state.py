@@ -1,0 +1,68 @@
+"""What every route shares: the engine, the settings, the metrics and the cache explainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from prometheus_client import CollectorRegistry
+
+from hafiza.engine.async_engine import AsyncEngine
+from hafiza.engine.sampling import SamplingParams
+from hafiza.errors import RequestError
+from hafiza.models.tokenizer import Tokenizer
+from hafiza.server.errors import ApiError
+from hafiza.server.explain import CacheExplainer
+from hafiza.server.metrics import ServerMetrics
+from hafiza.server.settings import ServerSettings
+
+
+@dataclass
+class ServerState:
+    """Lives on `app.state.hafiza`; routes added later (dashboard, store) find everything here."""
+
+    aengine: AsyncEngine
+    settings: ServerSettings
+    metrics: ServerMetrics
+    explainer: CacheExplainer
+
+    @classmethod
+    def create(cls, aengine: AsyncEngine, settings: ServerSettings,
+               registry: CollectorRegistry | None = None) -> ServerState:
+        engine = aengine.engine
+        metrics = ServerMetrics(aengine.stats, settings.model_name, settings.prices, registry)
+        return cls(aengine, settings, metrics, CacheExplainer(engine.layout.block_size, settings.explain_history))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.aengine.engine.tokenizer
+
+    @property
+    def block_size(self) -> int:
+        return self.aengine.engine.layout.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.aengine.engine.max_model_len
+
+    @property
+    def fingerprint(self) -> str:
+        return self.aengine.engine.loaded.fingerprint
+
+    def check_model(self, name: str) -> None:
+        """400 unless `name` is the served model (or one of its aliases)."""
+        if not self.settings.accepts_model(name):
+            raise ApiError(400, f"model {name!r} is not served here: use {self.settings.model_name!r} "
+                                f"(see GET /v1/models)", param="model", code="model_not_found")
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """400 with the engine's own words if the request can never be served (too long, bad sampling values)."""
+        try:
+            self.aengine.engine.check_request(prompt_ids, params)
+        except RequestError as exc:
+            param = "max_tokens" if "max_tokens" in str(exc) else None
+            raise ApiError(400, str(exc), param=param) from exc
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.hafiza

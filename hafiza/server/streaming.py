@@ -1,0 +1,125 @@
+"""Bridging one engine request to one HTTP exchange: a buffered output stream, disconnect watching, SSE.
+
+The engine's async generator is consumed by a pump task so readers can wait with timeouts (for SSE pings) and
+stop at any moment: cancelling the pump aborts the engine request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from hafiza.engine.async_engine import AsyncEngine
+from hafiza.engine.engine import RequestOutput
+from hafiza.engine.sampling import SamplingParams
+from hafiza.engine.sequence import CachePin
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected; the request is being aborted."""
+
+
+class DisconnectWatch:
+    """Listens for the client going away (after the body has been read) and sets `gone`."""
+
+    def __init__(self, request: Request) -> None:
+        self.gone = asyncio.Event()
+        self._receive = request.receive
+        self._task = asyncio.create_task(self._listen())
+
+    async def _listen(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.gone.set()
+                return
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+class OutputStream:
+    """One engine request's outputs, buffered; exceptions from the engine are re-raised to the reader."""
+
+    def __init__(self, aengine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                 pins: Sequence[CachePin], watch: DisconnectWatch) -> None:
+        self.watch = watch
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._task = asyncio.create_task(self._pump(aengine.generate(prompt_ids, params, request_id, pins=pins)))
+        self.done = False
+
+    async def _pump(self, outputs: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in outputs:
+                self._queue.put_nowait(out)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._queue.put_nowait(exc)
+
+    async def next(self, timeout: float | None = None) -> RequestOutput | None:
+        """The next output; None if `timeout` passed first; ClientGone if the client left."""
+        getter = asyncio.ensure_future(self._queue.get())
+        gone = asyncio.ensure_future(self.watch.gone.wait())
+        try:
+            await asyncio.wait({getter, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            item = getter.result()
+        elif self.watch.gone.is_set():
+            raise ClientGone()
+        else:
+            return None
+        if isinstance(item, BaseException):
+            self.done = True
+            raise item
+        self.done = item.finished
+        return item
+
+    async def close(self) -> None:
+        """Stop the engine request if it is still running (frees its blocks) and stop watching the client."""
+        self.watch.stop()
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
+    """One server-sent event; dicts are sent as compact JSON."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+class SSEResponse(Response):
+    """A text/event-stream response that always closes its body iterator, even when the client is gone."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str] | None = None) -> None:
+        self.body_iterator = body
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
