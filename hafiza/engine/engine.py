@@ -193,11 +193,14 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        t0 = time.perf_counter()
         logits, last = self.runner.execute(batch)
         sampling = [s for s, i in zip(batch.seqs, last, strict=True) if i >= 0]
         tokens: list[int] = []
         if logits is not None:
             tokens = sample(logits, [s.params for s in sampling], [s.generator for s in sampling])
+        if self.connector is not None:
+            self._observe_prefill(batch.num_new, time.perf_counter() - t0)
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             seq.num_computed += n
             self._cache_full_blocks(seq)
@@ -209,6 +212,12 @@ class LLMEngine:
             if out is not None:
                 outputs.append(out)
         return outputs
+
+    def _observe_prefill(self, num_new: list[int], seconds: float) -> None:
+        """Tell the KV tiers' cost model how fast prefill runs here (recompute is the alternative to a load)."""
+        tokens = sum(n for n in num_new if n > 1)
+        if tokens and self.connector is not None:
+            self.connector.observe_prefill(tokens, seconds)
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
         bs = self.layout.block_size
