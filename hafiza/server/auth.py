@@ -1,4 +1,8 @@
-"""API-key checks: `x-api-key` for Anthropic routes, `Authorization: Bearer` for OpenAI routes."""
+"""API-key checks: `x-api-key` for Anthropic routes, `Authorization: Bearer` for OpenAI routes.
+
+Anthropic routes also take `Authorization: Bearer <key>`: the official `anthropic` client (2.x) sends its API key
+that way.
+"""
 
 from __future__ import annotations
 
@@ -19,13 +23,16 @@ def _bearer(request: Request) -> str | None:
 
 
 def require_anthropic_key(request: Request) -> None:
-    """401 in Anthropic's shape unless `x-api-key` matches (when the server has a key)."""
+    """401 in Anthropic's shape unless `x-api-key` (or a Bearer token) matches (when the server has a key)."""
     key = request.app.state.hafiza.settings.api_key
     if key is None:
         return
-    given = request.headers.get("x-api-key")
-    if not _matches(given, key):
-        raise ApiError(401, "missing x-api-key header" if given is None else "invalid x-api-key")
+    given, bearer = request.headers.get("x-api-key"), _bearer(request)
+    if _matches(given, key) or _matches(bearer, key):
+        return
+    if given is None and bearer is None:
+        raise ApiError(401, "missing x-api-key header")
+    raise ApiError(401, "invalid x-api-key")
 
 
 def require_openai_key(request: Request) -> None:

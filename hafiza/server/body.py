@@ -62,23 +62,18 @@ def validate(model: type[M], data: dict[str, Any]) -> M:
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        first = errors[0]
-        loc = tuple(p for p in first["loc"] if not _is_union_tag(p))
+        locs = [tuple(p for p in e["loc"] if not _is_union_tag(p)) for e in errors]
+        best = max(range(len(errors)), key=lambda i: len(locs[i]))
+        first, loc = errors[best], locs[best]
         where = loc_text(loc) or "body"
         detail = first["msg"]
         if first["type"] == "missing":
             detail = "field required"
-        elif first["type"] == "extra_forbidden":
-            detail = "unexpected field"
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 and not _same_field(errors) else ""
+        others = {x for x in locs if x != loc[: len(x)]}
+        more = f" (and {len(others)} more problems)" if others else ""
         raise ApiError(400, f"{where}: {detail}{more}", param=where) from exc
 
 
 def _is_union_tag(part: Any) -> bool:
     """Pydantic puts the tried union member ('str', 'list[...]', 'function-after[...]') in error locations."""
     return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "list", "dict"))
-
-
-def _same_field(errors: list[Any]) -> bool:
-    locs = {tuple(p for p in e["loc"] if not _is_union_tag(p)) for e in errors}
-    return len(locs) == 1

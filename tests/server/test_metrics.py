@@ -1,0 +1,52 @@
+"""GET /metrics: vLLM-like names under hafiza:, and the cache-savings counters move with cached requests."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from tests.server.conftest import Server
+
+NAMES = ["kv_cache_usage_perc", "prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
+         "num_requests_running", "num_requests_waiting", "prompt_tokens_total", "generation_tokens_total",
+         "request_success_total", "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
+         "e2e_request_latency_seconds_bucket", "cache_read_tokens_total", "cache_write_tokens_total",
+         "cache_cost_saved", "prompt_cost_total", "request_errors_total"]
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"hafiza:{name}(\{{[^}}]*\}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def test_metric_names(http: httpx.Client, server: Server) -> None:
+    http.post("/v1/messages", json={"model": server.model, "max_tokens": 2,
+                                    "messages": [{"role": "user", "content": "metrics please"}]})
+    http.post("/v1/messages", json={"model": "nope", "max_tokens": 2, "messages": []})
+    text = http.get("/metrics").text
+    for name in NAMES:
+        assert f"hafiza:{name}" in text, name
+    for state in ("free", "cached", "in_use", "pinned"):
+        assert re.search(rf'hafiza:kv_blocks\{{[^}}]*state="{state}"\}}', text), state
+    assert value(text, "request_errors_total", api="anthropic", status="400") >= 1
+
+
+def test_cache_savings_follow_usage(http: httpx.Client, server: Server, warm_document: str) -> None:
+    before = http.get("/metrics").text
+    r = http.post("/v1/messages", json={
+        "model": server.model, "max_tokens": 1, "messages": [{"role": "user", "content": "savings"}],
+        "system": [{"type": "text", "text": warm_document, "cache_control": {"type": "ephemeral"}}]})
+    read = r.json()["usage"]["cache_read_input_tokens"]
+    assert read >= 1024
+    after = http.get("/metrics").text
+    grew = value(after, "cache_read_tokens_total", api="anthropic") - value(before, "cache_read_tokens_total",
+                                                                           api="anthropic")
+    assert grew == read
+    saved = value(after, "cache_cost_saved", api="anthropic") - value(before, "cache_cost_saved", api="anthropic")
+    assert abs(saved - read * 0.9 * 3.0 / 1e6) < 1e-9
+    assert value(after, "prefix_cache_hits_total") > value(before, "prefix_cache_hits_total")
