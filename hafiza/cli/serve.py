@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hafiza.cli import app
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from hafiza.engine.async_engine import AsyncEngine
+    from hafiza.store.connector import StoreConnector
+    from hafiza.store.serving import StoreOptions
 
 
 @app.command()
@@ -36,6 +43,16 @@ def serve(
     prices: Annotated[str | None, typer.Option(
         help="Price table for the savings metrics: input_per_mtok=3,read=0.1,write_5m=1.25,write_1h=2.")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    store_ram: Annotated[str | None, typer.Option(help="KV store tier in host RAM of this size (e.g. 4GiB).")] = None,
+    store_disk: Annotated[str | None, typer.Option(
+        help="KV store tier on local disk: DIR[:SIZE] (default 10GiB); survives restarts.")] = None,
+    store_redis: Annotated[str | None, typer.Option(
+        help="KV store tier shared by instances: redis://host:port[/db] or redis+cluster://host:port "
+             "(?ttl=SECONDS, default 300; ?prefix=).")] = None,
+    store_codec: Annotated[str, typer.Option(
+        help="Lossless codec of stored KV blocks: raw, zstd, exponent or predictive.")] = "zstd",
+    store_write_back: Annotated[bool, typer.Option(
+        help="Write blocks to RAM first, to disk/Redis on eviction and at shutdown (needs --store-ram).")] = False,
 ) -> None:
     """Serve the model over HTTP until interrupted."""
     import uvicorn
@@ -51,9 +68,11 @@ def serve(
         raise HafizaError("--block-size, --max-num-seqs and --max-num-batched-tokens must be positive")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     price_table = PriceTable.parse(prices)
+    store = _store_options(store_ram, store_disk, store_redis, store_codec, store_write_back)
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
     aengine = start_engine(model, device, dtype, config)
+    connector = None
     try:
         lm = aengine.engine.loaded
         name = model_name or served_name(lm)
@@ -62,6 +81,35 @@ def serve(
                                   min_cache_tokens=min_cache_tokens, max_body_bytes=max_body_bytes,
                                   prices=price_table)
         logging.getLogger("hafiza.server").info("serving %r: %s", name, describe(aengine))
-        uvicorn.run(create_app(aengine, settings), host=host, port=port, log_level=log_level.lower())
+        app = create_app(aengine, settings)
+        connector = _attach_store(aengine, app, store)
+        uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
     finally:
         aengine.shutdown()
+        if connector is not None:
+            connector.close()
+
+
+def _store_options(ram: str | None, disk: str | None, redis: str | None, codec: str, write_back: bool
+                   ) -> StoreOptions | None:
+    """The --store-* options, checked before the model loads (None when no tier is asked for)."""
+    from hafiza.store.serving import StoreOptions
+
+    options = StoreOptions(ram, disk, redis, codec, write_back)
+    options.validate()
+    return options if options.enabled else None
+
+
+def _attach_store(aengine: AsyncEngine, app: FastAPI, options: StoreOptions | None) -> StoreConnector | None:
+    """Tiered KV store (issue 6): connector on the engine, metrics on /metrics, `x-hafiza-tiers` per response.
+
+    Pending writes are flushed at the app's lifespan shutdown (uvicorn re-raises SIGTERM after it, so code
+    after `uvicorn.run` may never run); `connector.close()` in `serve` also releases the tiers on SIGINT."""
+    if options is None:
+        return None
+    from hafiza.store.serving import attach_store
+
+    connector = attach_store(aengine, app, options)
+    logging.getLogger("hafiza.store").info("KV store tiers: %s (codec %s%s)", " -> ".join(connector.store.names),
+                                           options.codec, ", write-back" if options.write_back else "")
+    return connector

@@ -6,7 +6,7 @@ Sizes: a plain byte count ("1048576", "1048576B"); K, M, G, T alone or with "iB"
 Redis URLs: `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS) or `unix:///path.sock` for one server;
 `redis+cluster://host:port` (or `rediss+cluster://`, or any of the above with `?cluster=1`) for a Redis
 Cluster, given one startup node. Extra query parameters: `prefix=` (key prefix, default "hafiza:") and
-`ttl=` (default expiry in seconds when a put carries none; 0 or "none" for no expiry; default 3600).
+`ttl=` (default expiry in seconds when a put carries none; 0 or "none" for no expiry; default 300, the API's 5 min).
 """
 
 from __future__ import annotations

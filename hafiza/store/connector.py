@@ -31,6 +31,7 @@ import torch
 from hafiza.engine.connector import ExternalHit, KVConnector
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, check_codec, decode_block, encode_block
 from hafiza.store.keys import block_key
+from hafiza.store.redis_store import DEFAULT_TTL_S
 from hafiza.store.tiered import TieredStore
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hafiza.store")
 
-DEFAULT_TTL_S = 300.0
 PinTTL = Callable[[int], "float | None"]
 
 

@@ -29,7 +29,7 @@ from hafiza.store.stats import StoreCounters, StoreStats
 
 log = logging.getLogger("hafiza.store")
 T = TypeVar("T")
-DEFAULT_TTL_S = 3600.0
+DEFAULT_TTL_S = 300.0  # the prompt-caching APIs' default TTL (5 min); pinned 1 h blocks carry their own
 
 
 class _Unavailable(Exception):

@@ -63,7 +63,7 @@ def test_parse_disk_spec() -> None:
 def test_parse_redis_url() -> None:
     single = parse_redis_url("redis://10.0.0.5:6380/2")
     assert (single.url, single.cluster, single.prefix, single.ttl_s) == (
-        "redis://10.0.0.5:6380/2", False, "hafiza:", 3600.0,
+        "redis://10.0.0.5:6380/2", False, "hafiza:", 300.0,
     )  # fmt: skip
     cluster = parse_redis_url("redis+cluster://node1:7000?prefix=team-a:&ttl=300")
     assert (cluster.url, cluster.cluster, cluster.prefix, cluster.ttl_s) == (
