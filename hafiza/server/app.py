@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from hafiza.engine.async_engine import AsyncEngine
+from hafiza.server.dashboard import mount_dashboard
 from hafiza.server.errors import install_error_handlers
 from hafiza.server.routes import anthropic, common, openai
 from hafiza.server.settings import ServerSettings
@@ -24,4 +25,5 @@ def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
     app.include_router(common.router)
     app.include_router(anthropic.router)
     app.include_router(openai.router)
+    mount_dashboard(app)
     return app

@@ -64,7 +64,7 @@ class CacheExplainer:
                 ignored_breakpoints: int = 0, min_cache_tokens: int = 0) -> Explanation:
         """Explain `cached` reused tokens of `prompt` (times on the engine's monotonic clock: when the request
         arrived, when its prompt was fully computed), then remember the prompt."""
-        ids = np.asarray(prompt.ids, dtype=np.int64)
+        ids = np.asarray(prompt.ids, dtype=np.int32)
         n, bs = len(ids), self.block_size
         reusable = (n - 1) // bs * bs
         status = "hit" if reusable and cached >= reusable else ("partial" if cached else "miss")

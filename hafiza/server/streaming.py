@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -101,12 +101,15 @@ def sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
 
 
 class SSEResponse(Response):
-    """A text/event-stream response that always closes its body iterator, even when the client is gone."""
+    """A text/event-stream response that always closes its body iterator and runs `on_close`, even when the
+    client is gone before the first byte (an unstarted generator's own `finally` would never run)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str] | None = None,
+                 on_close: Callable[[], Awaitable[None]] | None = None) -> None:
         self.body_iterator = body
+        self.on_close = on_close
         self.status_code = 200
         self.background = None
         self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
@@ -123,3 +126,5 @@ class SSEResponse(Response):
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if self.on_close is not None:
+                await self.on_close()

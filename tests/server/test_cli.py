@@ -14,7 +14,7 @@ from hafiza.server.launch import free_port
 
 def test_serve_with_defaults_answers_and_stops_cleanly() -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hafiza", "serve", "--port", str(port), "--kv-memory", "64MiB"],
+    proc = subprocess.Popen([sys.executable, "-m", "hafiza", "serve", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -75,7 +75,7 @@ async def messages(request: Request, state: ServerState = Depends(server_state))
     if req.stream:
         usage = anthropic_usage(len(prompt.ids), first.num_cached_tokens, counted, state.block_size)
         state.metrics.record_usage(API, usage)
-        return SSEResponse(_events(gen, req, usage, state), headers=_headers(gen))
+        return SSEResponse(_events(gen, req, usage, state), headers=_headers(gen), on_close=gen.close)
     assert gen.last is not None
     usage = anthropic_usage(len(prompt.ids), gen.last.num_cached_tokens, counted, state.block_size)
     state.metrics.record_usage(API, usage)

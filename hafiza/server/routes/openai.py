@@ -74,7 +74,8 @@ async def chat_completions(request: Request, state: ServerState = Depends(server
         usage = openai_usage(len(prompt.ids), first.num_cached_tokens)
         state.metrics.record_usage(API, usage)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return SSEResponse(_chunks(gen, req.model, created, usage, include_usage, state), headers=_headers(gen))
+        return SSEResponse(_chunks(gen, req.model, created, usage, include_usage, state), headers=_headers(gen),
+                           on_close=gen.close)
     assert gen.last is not None
     usage = openai_usage(len(prompt.ids), gen.last.num_cached_tokens)
     state.metrics.record_usage(API, usage)
