@@ -67,6 +67,9 @@ def serve(
     if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
         raise HafizaError("--block-size, --max-num-seqs and --max-num-batched-tokens must be positive")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("hafiza.server").warning("binding %s without --api-key: anyone who reaches it can use it",
+                                                   host)
     price_table = PriceTable.parse(prices)
     store = _store_options(store_ram, store_disk, store_redis, store_codec, store_write_back)
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
