@@ -23,6 +23,7 @@ def bench(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the results here")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a Pareto PNG (bits/value vs decode MB/s)")] = None,
     quantized: Annotated[bool, typer.Option(help="Also code fp8- and int8-quantised KV")] = True,
+    grid: Annotated[int, typer.Option("--grid", help="Round speculative predictions to this many steps")] = 1,
 ) -> None:
     """Capture the default model's KV over real texts and code it with every coder and peer (one thread)."""
     from hafiza.codec.bench.plot import pareto_plot
@@ -34,7 +35,9 @@ def bench(
     if tokens < 2:
         raise HafizaError("--tokens must be at least 2")
     names = ALL if coders == "all" else [c.strip() for c in coders.split(",") if c.strip()]
-    results = run(texts, tokens, names, quantized=quantized, progress=lambda s: typer.echo(s, err=True))
+    if grid < 1:
+        raise HafizaError("--grid must be at least 1")
+    results = run(texts, tokens, names, quantized=quantized, grid=grid, progress=lambda s: typer.echo(s, err=True))
     _print_table(results)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)

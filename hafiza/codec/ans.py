@@ -16,7 +16,8 @@ MAIN = 15
 _Categorical = constriction.stream.model.Categorical
 
 
-def _model(counts: np.ndarray) -> object:
+def model(counts: np.ndarray) -> object:
+    """A constriction categorical from integer counts (zero counts still get the smallest probability)."""
     return _Categorical(counts.astype(np.float64), perfect=False)
 
 
@@ -33,10 +34,10 @@ class Table:
         self._by_symbol = np.argsort(self.symbols, kind="stable")
         self._sorted = self.symbols[self._by_symbol]
         if n > MAIN + 1:
-            self.main = _model(np.append(self.counts[:MAIN], self.counts[MAIN:].sum()))
-            self.tail = _model(self.counts[MAIN:])
+            self.main = model(np.append(self.counts[:MAIN], self.counts[MAIN:].sum()))
+            self.tail = model(self.counts[MAIN:])
         else:
-            self.main = _model(self.counts) if n > 1 else None
+            self.main = model(self.counts) if n > 1 else None
             self.tail = None
 
     @classmethod

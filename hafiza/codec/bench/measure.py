@@ -1,5 +1,6 @@
 """One measurement: a coder (or peer) on one text's K and V, with sizes, one-thread timings and a checked
-round trip."""
+round trip. Times are CPU seconds of this (single-threaded) process, so that other users of a shared
+machine slow the wall clock but not the figures."""
 
 from __future__ import annotations
 
@@ -48,12 +49,12 @@ def measure_codec(label: str, kv: dict[str, torch.Tensor], make_context: Callabl
     m = Measurement(label, "hafiza", str(next(iter(kv.values())).dtype).replace("torch.", ""))
     for role, x in kv.items():
         ctx = make_context(role)
-        start = time.perf_counter()
+        start = time.process_time()
         data = encode(x, ctx)
-        m.encode_s[role] = time.perf_counter() - start
-        start = time.perf_counter()
+        m.encode_s[role] = time.process_time() - start
+        start = time.process_time()
         y = decode(data, ctx)
-        m.decode_s[role] = time.perf_counter() - start
+        m.decode_s[role] = time.process_time() - start
         ok = same(x, y)
         if fresh_context is not None:
             ok = ok and same(x, decode(data, fresh_context(role)))
@@ -69,12 +70,12 @@ def measure_bytes(label: str, kv: dict[str, torch.Tensor], compress: Callable[[b
     m = Measurement(label, "peer", str(next(iter(kv.values())).dtype).replace("torch.", ""))
     for role, x in kv.items():
         raw = tensor_bits(x).tobytes()
-        start = time.perf_counter()
+        start = time.process_time()
         data = compress(raw)
-        m.encode_s[role] = time.perf_counter() - start
-        start = time.perf_counter()
+        m.encode_s[role] = time.process_time() - start
+        start = time.process_time()
         back = decompress(data)
-        m.decode_s[role] = time.perf_counter() - start
+        m.decode_s[role] = time.process_time() - start
         m.lossless = m.lossless and bytes(back) == raw
         m.values[role], m.raw_bytes[role], m.coded_bytes[role] = x.numel(), len(raw), len(data)
     return m

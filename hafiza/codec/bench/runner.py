@@ -48,12 +48,12 @@ def _label(name: str) -> str:
 class _Predictors:
     """One SpeculativePredictor per variant for encoding, and a fresh one per text to prove the decode."""
 
-    def __init__(self, model: Any) -> None:
-        self.model, self.encoders, self.fresh = model, {}, {}
+    def __init__(self, model: Any, grid: int = 1) -> None:
+        self.model, self.grid, self.encoders, self.fresh = model, grid, {}, {}
 
     def encoder(self, name: str) -> SpeculativePredictor:
         if name not in self.encoders:
-            self.encoders[name] = SpeculativePredictor(self.model, *SPECULATIVE[name])
+            self.encoders[name] = SpeculativePredictor(self.model, *SPECULATIVE[name], grid=self.grid)
         return self.encoders[name]
 
     def new_text(self) -> None:
@@ -61,7 +61,7 @@ class _Predictors:
 
     def decoder(self, name: str) -> SpeculativePredictor:
         if name not in self.fresh:
-            self.fresh[name] = SpeculativePredictor(self.model, *SPECULATIVE[name])
+            self.fresh[name] = SpeculativePredictor(self.model, *SPECULATIVE[name], grid=self.grid)
         return self.fresh[name]
 
 
@@ -107,9 +107,10 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
-def run(texts: list[Path], tokens: int, coders: list[str], quantized: bool = True,
+def run(texts: list[Path], tokens: int, coders: list[str], quantized: bool = True, grid: int = 1,
         progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure every coder in `coders` on each text's first `tokens` tokens; one torch thread."""
+    """Measure every coder in `coders` on each text's first `tokens` tokens; one torch thread; the speculative
+    predictors round their prediction to `grid` ordered steps."""
     unknown = [c for c in coders if c not in ALL]
     if unknown:
         raise HafizaError(f"unknown coder(s) {', '.join(unknown)}: choose from {', '.join(ALL)}")
@@ -120,16 +121,16 @@ def run(texts: list[Path], tokens: int, coders: list[str], quantized: bool = Tru
 
     torch.set_num_threads(1)
     lm = load_model(dtype="fp32", device="cpu")
-    preds = _Predictors(lm)
+    preds = _Predictors(lm, grid)
     measurements: list[tuple[str, Measurement]] = []
     text_info, entropy = [], {}
     for path in texts:
         ids = lm.tokenizer.encode(path.read_text(encoding="utf-8"))[:tokens]
-        start = time.perf_counter()
+        start = time.process_time()
         k, v = compute_kv(lm.model, ids, kv_dtype=torch.bfloat16)
-        prefill_s = time.perf_counter() - start
+        prefill_s = time.process_time() - start
         text_info.append({"text": path.name, "tokens": len(ids), "prefill_s": prefill_s})
-        progress(f"{path.name}: {len(ids)} tokens, fp32 prefill {prefill_s:.2f} s (1 thread)")
+        progress(f"{path.name}: {len(ids)} tokens, fp32 prefill {prefill_s:.2f} CPU s (1 thread)")
         preds.new_text()
         sets = {"bf16": {"k": k, "v": v}}
         if quantized:
@@ -150,7 +151,7 @@ def run(texts: list[Path], tokens: int, coders: list[str], quantized: bool = Tru
                 m.kv_dtype = dname
                 measurements.append((path.name, m))
                 progress(f"  {dname:8s} {m.label:45s} {_bits(m):6.3f} bits/value  lossless={m.lossless}")
-    return {"tokens": tokens, "texts": text_info, "machine": machine(),
+    return {"tokens": tokens, "grid": grid, "texts": text_info, "machine": machine(),
             "model": {"name": lm.name, "fingerprint": lm.fingerprint, "compute": "fp32", "kv": "bf16"},
             "entropy0": {d: {r: sum(a * b for a, b in v) / sum(b for _, b in v) for r, v in rs.items()}
                          for d, rs in entropy.items()},

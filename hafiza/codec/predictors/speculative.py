@@ -72,7 +72,7 @@ class SpeculativePredictor(Predictor):
         self.variant, self.exact_layers, self.threads, self.grid = variant, exact_layers, threads, grid
         self._runner: PredictorModel | None = None
         self._memo: tuple[bytes, torch.Tensor, torch.Tensor] | None = None
-        self.last_seconds = 0.0
+        self.last_seconds = 0.0  # CPU seconds of the last model run
 
     @property
     def loaded(self) -> Any:
@@ -112,9 +112,9 @@ class SpeculativePredictor(Predictor):
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            start = time.perf_counter()
+            start = time.process_time()
             k, v = self._runner.kv(token_ids)
-            self.last_seconds = time.perf_counter() - start
+            self.last_seconds = time.process_time() - start
         finally:
             torch.set_num_threads(before)
         self._memo = (key, k, v)
