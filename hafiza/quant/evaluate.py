@@ -37,8 +37,10 @@ def next_token_nll(logits: torch.Tensor, targets: list[int]) -> float:
 
 def greedy_points(num_tokens: int, chunk: int, count: int) -> list[int]:
     """`count` prefix lengths spread evenly up to num_tokens, each a multiple of `chunk`, the last = the end."""
-    ends = [round(num_tokens * (i + 1) / count / chunk) * chunk for i in range(count)]
-    return sorted({min(num_tokens, max(chunk, e)) for e in ends} | {num_tokens}) if count else []
+    if count < 1:
+        return []
+    ends = [round(num_tokens * (i + 1) / count / chunk) * chunk for i in range(count - 1)]
+    return sorted({min(num_tokens, max(chunk, e)) for e in ends} | {num_tokens})
 
 
 def run_hafiza(model: LlamaModel, ids: list[int], kind: str, policy: str | None = None,

@@ -60,6 +60,7 @@ class Int4KV(QuantizedPool):
         self._use: list[dict[int, int]] = [{} for _ in self.kq]
         self._tick = [0 for _ in self.kq]
         self._slots_key: torch.Tensor | None = None
+        self._slots_version = -1
         self._slots_list: list[int] = []
 
     @classmethod
@@ -89,9 +90,10 @@ class Int4KV(QuantizedPool):
         return sorted(self._slot_of[layer], key=self._use[layer].get)
 
     def _host_slots(self, slots: torch.Tensor) -> list[int]:
-        """slots as a Python list, converted once per step (every layer receives the same tensor)."""
-        if slots is not self._slots_key:
-            self._slots_key, self._slots_list = slots, slots.tolist()
+        """slots as a Python list, converted once per step: every layer receives the same tensor (the cached
+        list is dropped if the tensor is another one or was modified in place since)."""
+        if slots is not self._slots_key or slots._version != self._slots_version:
+            self._slots_key, self._slots_version, self._slots_list = slots, slots._version, slots.tolist()
         return self._slots_list
 
     def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

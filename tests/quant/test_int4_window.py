@@ -104,3 +104,12 @@ def test_bytes_and_window_accounting(layout: KVLayout) -> None:
     assert pool.staging_blocks == 12
     assert pool.fixed_bytes == 2 * 12 * 16 * 2 * 64 * 2
     assert pool.bytes_per_token == 2 * ((32 + 4 * 64 / 16) + (32 + 4 * 64 / 32))
+
+
+def test_slot_list_cache_sees_in_place_refills(layout: KVLayout) -> None:
+    pool = Int4KV(layout, "cpu", window_blocks=0)
+    slots = torch.tensor([0])
+    pool.write(0, slots, _seq(1), _seq(1))
+    slots[0] = 16
+    pool.write(0, slots, _seq(1, seed=3), _seq(1, seed=3))
+    assert pool.staged_blocks() == [1]
