@@ -3,6 +3,7 @@
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

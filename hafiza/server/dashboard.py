@@ -181,13 +181,26 @@ async def dashboard_state(request: Request, limit: int = 20) -> JSONResponse:
 
 
 @router.post("/dashboard/prefixes/{prefix_id}/drop", dependencies=[Depends(require_any_key)])
-async def drop_prefix(request: Request, prefix_id: str, include_shared: bool = False) -> dict[str, Any]:
-    """Evict a listed prefix's own cached blocks (with `include_shared`, also those other prefixes share)."""
+async def drop_prefix(request: Request, prefix_id: str, include_shared: bool = False,
+                      tiers: bool = True) -> dict[str, Any]:
+    """Evict a listed prefix's own cached blocks (with `include_shared`, also those other prefixes share) from the
+    pool and, unless `tiers=false`, from every store tier (else the next request would load them back)."""
     mon: Monitor = request.app.state.dashboard
     try:
-        return await _on_engine(request, lambda e: mon.prefixes.drop(prefix_id, include_shared))
+        report, hashes = await _on_engine(request, lambda e: mon.prefixes.drop(prefix_id, include_shared))
     except KeyError as exc:
         raise ApiError(404, f"no cached prefix {prefix_id!r} (already evicted?)", code="not_found") from exc
+    connector = mon.aengine.engine.connector
+    if tiers and mon.store() is not None:
+        report["deleted_from_tiers"] = await asyncio.to_thread(delete_from_tiers, connector, hashes)
+    return report
+
+
+def delete_from_tiers(connector: Any, hashes: list[str]) -> dict[str, int]:
+    """Delete blocks from every tier of the connector's store, once its pending writes have landed."""
+    connector.flush(5.0)
+    keys = [connector.key(h) for h in hashes]
+    return {tier.name: sum(tier.delete(k) for k in keys) for tier in connector.store.tiers}
 
 
 @router.post("/dashboard/tiers/{name}/clear", dependencies=[Depends(require_any_key)])

@@ -91,8 +91,8 @@ class PrefixIndex:
     # -- reading (engine thread) --------------------------------------------------------------------------
 
     def _residents(self) -> list[_Resident]:
-        """Every remembered chain with at least one block still in the pool (the others are forgotten), chains
-        contained in a longer one merged into it, and each chain's leading blocks shared with another chain."""
+        """Every remembered chain holding blocks no larger chain holds, largest first (the others are forgotten),
+        with the number of its leading blocks that another listed chain shares."""
         hash_to_block, blocks = self.engine.blocks.hash_to_block, self.engine.blocks.blocks
         out: list[_Resident] = []
         for leaf, chain in list(self.chains.items()):
@@ -118,19 +118,28 @@ class PrefixIndex:
                 self.chains.pop(r.chain.hashes[-1], None)
             else:
                 merged.append(r)
+        merged.sort(key=lambda r: (r.reachable, r.resident, r.chain.last_seen), reverse=True)
+        covered: set[str] = set()
+        kept = []
+        for r in merged:  # a chain whose blocks all belong to larger listed chains adds nothing: forget it
+            own = {h for h, b in zip(r.chain.hashes, r.block_ids, strict=True) if b is not None} - covered
+            if not own:
+                self.chains.pop(r.chain.hashes[-1], None)
+                continue
+            covered |= own
+            kept.append(r)
         uses: dict[str, int] = {}
-        for r in merged:
+        for r in kept:
             for h, b in zip(r.chain.hashes, r.block_ids, strict=True):
                 if b is not None:
                     uses[h] = uses.get(h, 0) + 1
-        for r in merged:
+        for r in kept:
             r.shared = next((i for i, h in enumerate(r.chain.hashes) if uses.get(h, 0) < 2), len(r.chain.hashes))
-        return merged
+        return kept
 
     def snapshot(self, limit: int = 20) -> dict[str, Any]:
         """The `limit` largest cached prefixes (by reachable tokens) with their pins, TTLs and previews."""
         residents = self._residents()
-        residents.sort(key=lambda r: (r.reachable, r.chain.last_seen), reverse=True)
         blocks, now, bs = self.engine.blocks.blocks, self.engine.blocks.clock(), self.block_size
         attributed: set[int] = set()
         for r in residents:
@@ -177,20 +186,21 @@ class PrefixIndex:
 
     # -- acting (engine thread) ---------------------------------------------------------------------------
 
-    def drop(self, prefix_id: str, include_shared: bool = False) -> dict[str, Any]:
+    def drop(self, prefix_id: str, include_shared: bool = False) -> tuple[dict[str, Any], list[str]]:
         """Evict the blocks of one listed prefix that no other listed prefix shares (all of them with
-        `include_shared`); blocks a running request holds are left alone. Raises KeyError if it is not listed."""
+        `include_shared`); blocks a running request holds are left alone. Returns the report and the block hashes
+        dropped (evicted or not, for the store tiers). Raises KeyError if the prefix is not listed."""
         residents = {r.chain.hashes[-1]: r for r in self._residents()}
         r = residents.get(prefix_id)
         if r is None:
             raise KeyError(prefix_id)
         start = 0 if include_shared else min(r.shared, len(r.chain.hashes))
         blocks = self.engine.blocks.blocks
-        targets = [h for h, b in zip(r.chain.hashes[start:], r.block_ids[start:], strict=True) if b is not None]
-        in_use = sum(1 for h, b in zip(r.chain.hashes[start:], r.block_ids[start:], strict=True)
-                     if b is not None and blocks[b].ref_count > 0)
-        dropped = self.engine.blocks.drop(targets)
+        own = list(zip(r.chain.hashes[start:], r.block_ids[start:], strict=True))
+        in_use = sum(1 for _, b in own if b is not None and blocks[b].ref_count > 0)
+        dropped = self.engine.blocks.drop([h for h, b in own if b is not None])
         if not in_use:
             self.chains.pop(prefix_id, None)  # what is left of it is listed under the prefixes sharing it
-        return {"id": prefix_id, "dropped_blocks": dropped, "dropped_tokens": dropped * self.block_size,
-                "kept_in_use_blocks": in_use, "kept_shared_blocks": sum(b is not None for b in r.block_ids[:start])}
+        report = {"id": prefix_id, "dropped_blocks": dropped, "dropped_tokens": dropped * self.block_size,
+                  "kept_in_use_blocks": in_use, "kept_shared_blocks": sum(b is not None for b in r.block_ids[:start])}
+        return report, [h for h, _ in own]

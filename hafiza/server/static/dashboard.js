@@ -66,7 +66,7 @@ class Chart {
     if (hi == null) {
       hi = 0;
       for (const row of stackedRows) for (const s of this.series) if (row[s.key] != null) hi = Math.max(hi, row[s.key]);
-      hi = hi > 0 ? hi * 1.1 : 1;
+      hi = this.opts.integer ? Math.max(2, 2 * Math.ceil(hi / 2)) : hi > 0 ? hi * 1.1 : 1;
     }
     const lo = this.opts.min;
     g.font = "11px system-ui, sans-serif";
@@ -140,7 +140,7 @@ class Chart {
 const charts = {
   usage: new Chart("chart-usage", { format: fmt.pct, max: 1, series: [{ key: "usage", label: "in use" }] }),
   blocks: new Chart("chart-blocks", {
-    format: fmt.int, stacked: true, series: [
+    format: fmt.int, integer: true, stacked: true, series: [
       { key: "in_use", label: "in use", color: "#f29d38" }, { key: "cached", label: "cached", color: "#4c8bf5" },
       { key: "free", label: "free", color: "#c9ced8" }],
   }),
@@ -149,9 +149,9 @@ const charts = {
   }),
   ttft: new Chart("chart-ttft", { format: fmt.secs, series: [{ key: "recent", label: "median" }, { key: "last", label: "last" }] }),
   toks: new Chart("chart-toks", { format: fmt.num, series: [{ key: "tok_s", label: "tok/s" }] }),
-  reqs: new Chart("chart-reqs", { format: fmt.int, series: [{ key: "running", label: "running" }, { key: "waiting", label: "waiting" }] }),
+  reqs: new Chart("chart-reqs", { format: fmt.int, integer: true, series: [{ key: "running", label: "running" }, { key: "waiting", label: "waiting" }] }),
   preempt: new Chart("chart-preempt", {
-    format: fmt.int, series: [{ key: "preemptions", label: "preemptions" }, { key: "evictions", label: "evictions" },
+    format: fmt.int, integer: true, series: [{ key: "preemptions", label: "preemptions" }, { key: "evictions", label: "evictions" },
       { key: "pinned_evictions", label: "pinned evicted" }],
   }),
   tierBytes: new Chart("chart-tier-bytes", { format: fmt.bytes, empty: "no store tiers (serve --store-ram / --store-disk / --store-redis)" }),
@@ -337,7 +337,9 @@ async function dropPrefix(id) {
     const r = await post(`/dashboard/prefixes/${encodeURIComponent(id)}/drop?include_shared=${shared}`);
     toast(`dropped ${r.dropped_blocks} blocks (${r.dropped_tokens} tokens)` +
       (r.kept_in_use_blocks ? `, ${r.kept_in_use_blocks} in use kept` : "") +
-      (r.kept_shared_blocks ? `, ${r.kept_shared_blocks} shared kept` : ""));
+      (r.kept_shared_blocks ? `, ${r.kept_shared_blocks} shared kept` : "") +
+      (r.deleted_from_tiers ? `; deleted from tiers: ${Object.entries(r.deleted_from_tiers)
+        .map(([t, n]) => `${t} ${n}`).join(", ")}` : ""));
   } catch (e) {
     toast(`drop failed: ${e.message}`);
   }
