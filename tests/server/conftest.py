@@ -6,6 +6,7 @@ seeded word list so each test can have a prefix no other test has cached.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 
 from hafiza.engine import EngineConfig, LLMEngine
 from hafiza.engine.async_engine import AsyncEngine
+from hafiza.engine.engine import EngineStats
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name
@@ -34,19 +36,22 @@ class Server:
     model: str
     aengine: AsyncEngine
 
+    def engine_stats(self) -> EngineStats:
+        """Fresh stats taken on the engine thread (the server's snapshot may be up to 0.2 s old)."""
+        return asyncio.run(self.aengine.call(lambda e: e.stats()))
+
     def in_use_blocks(self) -> int:
-        return self.aengine.engine.stats().blocks.in_use
+        return self.engine_stats().blocks.in_use
 
     def wait_idle(self, timeout_s: float = 60.0) -> int:
-        """Wait until no request runs or waits; returns the KV blocks still in use (0 expected)."""
+        """Wait until no request runs or waits; returns the KV blocks still in use plus live requests (0 expected)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            s = self.aengine.stats()
-            if s.num_running == 0 and s.num_waiting == 0 and s.blocks.in_use == 0:
-                break
+        while True:
+            s = self.engine_stats()
+            busy = s.blocks.in_use + s.num_running + s.num_waiting
+            if busy == 0 or time.monotonic() > deadline:
+                return busy
             time.sleep(0.05)
-        stats = self.aengine.stats()
-        return stats.blocks.in_use + stats.num_running + stats.num_waiting
 
 
 def long_text(tag: str, words: int = 1220) -> str:

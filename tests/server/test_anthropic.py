@@ -127,7 +127,7 @@ def test_ttls_split_the_write(anthropic_client, server: Server, warm_document: s
     assert u.cache_creation.ephemeral_1h_input_tokens > 0 and u.cache_creation.ephemeral_5m_input_tokens > 0
     assert u.cache_creation_input_tokens == (u.cache_creation.ephemeral_1h_input_tokens
                                              + u.cache_creation.ephemeral_5m_input_tokens)
-    assert server.aengine.stats().blocks.pinned > 0
+    assert server.engine_stats().blocks.pinned > 0
 
 
 def test_top_level_cache_control_marks_the_last_block(anthropic_client, server: Server, warm_document: str,
