@@ -46,6 +46,11 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout)
 
+    @property
+    def is_alive(self) -> bool:
+        """Whether the engine thread is running."""
+        return self._thread.is_alive()
+
     def stats(self) -> EngineStats:
         """The latest snapshot, taken on the engine thread (at most `stats_interval_s` old)."""
         return self._stats
@@ -131,7 +136,10 @@ class AsyncEngine:
                 for out in outputs:
                     self._deliver(out.request_id, out)
                 for listener in self.step_listeners:
-                    listener(outputs)
+                    try:
+                        listener(outputs)
+                    except Exception:  # a monitoring hook must never stop the engine
+                        log.exception("step listener %r failed", listener)
             else:
                 self._wake.wait(0.05)
                 self._wake.clear()

@@ -20,7 +20,7 @@ STARTED = int(time.time())
 @router.get("/health")
 async def health(state: ServerState = Depends(server_state)) -> JSONResponse:
     """200 while the engine thread is alive (503 otherwise), with the queue sizes."""
-    alive = state.aengine._thread.is_alive()
+    alive = state.aengine.is_alive
     s = state.aengine.stats()
     body = {"status": "ok" if alive else "engine_dead", "model": state.settings.model_name,
             "running": s.num_running, "waiting": s.num_waiting, "kv_cache_usage_perc": s.kv_cache_usage_perc}
