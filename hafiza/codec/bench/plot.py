@@ -38,7 +38,7 @@ def pareto_plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"hafiza lossless KV codec, {results.get('tokens')} tokens x {len(results.get('texts', []))} texts",
                  fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
