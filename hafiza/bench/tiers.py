@@ -140,11 +140,12 @@ def run(model: str | None, dtype: str, device: str, tokens: int, repeats: int, c
         tiers: dict[str, KVStore] = {"ram": MemoryStore(1 << 30, name="ram"),
                                      "disk": DiskStore(disk_dir, 1 << 30, name="disk")}
         if url is not None:
-            tiers["redis"] = RedisStore(url, name="redis", prefix=f"hafiza-bench-{time.time_ns()}:")
+            tiers["redis"] = RedisStore(url, name="redis", prefix=f"hafiza-bench-{time.time_ns()}:",
+                                        default_ttl_s=None)  # no expiry: a slow run must not outlive the 5 min TTL
         engines: dict[str, tuple[LLMEngine, StoreConnector]] = {}
         for name, tier in tiers.items():
             engine = new_engine(loaded)
-            connector = StoreConnector.for_engine(engine, TieredStore([tier]), codec=codec)
+            connector = StoreConnector.for_engine(engine, TieredStore([tier]), codec=codec, default_ttl_s=None)
             engine.attach_connector(connector)
             first_token(engine, ids)  # computes the prompt and writes its blocks to the tier
             connector.flush()
