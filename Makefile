@@ -33,5 +33,11 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
+# The llama.cpp peer (llama-cpp-python) compiles without AMX (GCC 12 miscompiles it), with AVX-512 where the CPU has
+# it; if it cannot be installed, `bench all` says so in its tables.
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON $(shell grep -qw avx512f /proc/cpuinfo \
+	2>/dev/null && echo -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+
 bench: setup
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/pip install -q -e '.[dev,peers]' || echo "llama.cpp peer not installed"
 	$(BIN)/hafiza bench all

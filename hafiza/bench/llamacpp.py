@@ -1,0 +1,400 @@
+"""`hafiza bench llamacpp`: llama.cpp (llama-cpp-python) on the same GGUF as hafiza, measured interleaved with it.
+
+- prefill and decode: the same token ids as `bench cache` (64 greedy tokens after 128 and 1024 tokens of context);
+- prompt cache: TTFT of a chat request after a long shared system prompt, cold vs warm (llama.cpp reuses the
+  longest common prefix of its context; hafiza its prefix cache), same prompts as `bench prefix`;
+- servers: llama.cpp's server (the `llama-server` binary with parallel slots when one is found, else
+  `python -m llama_cpp.server`, which serves one request at a time) and `hafiza serve`, each under the same
+  concurrent multi-turn chat load as `hafiza bench serve` (its load generator, OpenAI API).
+
+llama-cpp-python is a benchmark peer, not a dependency (`pip install '.[peers]'`); when it is missing or fails,
+the JSON says why and no number is made up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+from hafiza.bench import serve as serve_bench
+from hafiza.bench.common import write_json
+
+NEW_TOKENS = 64
+QUICK_ARGS = ("--contexts", "64", "--repeats", "1", "--system-tokens", "160", "--sessions", "2", "--turns", "1",
+              "--max-tokens", "4", "--system-words", "60")
+SLOT_CONTEXT = 2048
+
+
+def llama_import() -> tuple[Any, str | None]:
+    """(the llama_cpp module, None), or (None, why it cannot be used)."""
+    try:
+        import llama_cpp
+    except Exception as exc:  # ImportError, or a shared library that fails to load
+        return None, (f"llama-cpp-python is not installed ({type(exc).__name__}: {exc}); "
+                      "install the peers with `pip install '.[peers]'`")
+    return llama_cpp, None
+
+
+def open_llama(llama_cpp: Any, path: Path, n_ctx: int, threads: int) -> Any:
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                           n_threads_batch=threads, verbose=False)
+
+
+def llama_generate(llm: Any, ids: list[int], new_tokens: int) -> tuple[float, float]:
+    """(total seconds, seconds to the first token) for greedy tokens after a fresh prefill of `ids`."""
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    token = llm.sample(temp=0.0)
+    first = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        llm.eval([token])
+        token = llm.sample(temp=0.0)
+    return time.perf_counter() - t0, first - t0
+
+
+def llama_ttft(llm: Any, ids: list[int]) -> tuple[float, int]:
+    """Seconds to the first token of a completion of `ids` (llama.cpp reuses the prefix it still holds), and
+    how many prompt tokens it reused."""
+    held = list(llm.input_ids[: llm.n_tokens])
+    reused = next((i for i, (a, b) in enumerate(zip(held, ids, strict=False)) if a != b), min(len(held), len(ids)))
+    t0 = time.perf_counter()
+    llm.create_completion(ids, max_tokens=1, temperature=0.0)
+    return time.perf_counter() - t0, min(reused, len(ids) - 1)
+
+
+def _median_runs(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+
+
+def bench_decode(llama_cpp: Any, loaded: Any, contexts: list[int], repeats: int, threads: int) -> list[dict]:
+    """Prefill + 64 greedy tokens, llama.cpp and hafiza interleaved, per context length."""
+    from hafiza.bench.cache import context_ids, hafiza_cached
+
+    llm = open_llama(llama_cpp, loaded.path, max(contexts) + NEW_TOKENS + 64, threads)
+    rows = []
+    for ctx in contexts:
+        ids = context_ids(loaded, ctx)
+        llama_generate(llm, ids[:16], 4)  # warm-up
+        hafiza_cached(loaded, ids[:16])
+        runs: dict[str, list[tuple[float, float]]] = {"llama.cpp": [], "hafiza": []}
+        for _ in range(repeats):
+            runs["llama.cpp"].append(llama_generate(llm, ids, NEW_TOKENS))
+            runs["hafiza"].append(hafiza_cached(loaded, ids))
+        for system, samples in runs.items():
+            total, first = _median_runs(samples)
+            rows.append({"context": ctx, "system": system, "seconds": total, "prefill_s": first,
+                         "decode_tokens_per_s": (NEW_TOKENS - 1) / (total - first) if total > first else 0.0,
+                         "samples": len(samples)})
+    del llm
+    return rows
+
+
+def bench_prompt_cache(llama_cpp: Any, loaded: Any, system_tokens: int, repeats: int, threads: int) -> list[dict]:
+    """Cold vs warm TTFT with a shared system prompt (the prompts of `bench prefix`), both systems interleaved."""
+    from hafiza.bench.engine_benches import QUESTIONS, chat_ids, system_prompt, ttft
+    from hafiza.engine import EngineConfig, LLMEngine
+
+    system = system_prompt(loaded, system_tokens)
+    prompts = [chat_ids(loaded, system, q) for q in QUESTIONS]
+    llm = open_llama(llama_cpp, loaded.path, max(len(p) for p in prompts) + 64, threads)
+    engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB"))
+    cold: dict[str, list[float]] = {"llama.cpp": [], "hafiza": []}
+    warm: dict[str, list[float]] = {"llama.cpp": [], "hafiza": []}
+    cached: dict[str, list[int]] = {"llama.cpp": [], "hafiza": []}
+    ttft(engine, prompts[0], salt=None)  # warm-up, and the shared prefix cached for hafiza
+    llama_ttft(llm, prompts[0])
+    for i in range(repeats):
+        ids, other = prompts[(i + 1) % len(prompts)], prompts[(i + 2) % len(prompts)]
+        llm.reset()
+        cold["llama.cpp"].append(llama_ttft(llm, ids)[0])
+        cold["hafiza"].append(ttft(engine, ids, salt=f"cold-{i}")[0])
+        t, n = llama_ttft(llm, other)
+        warm["llama.cpp"].append(t)
+        cached["llama.cpp"].append(n)
+        t, n = ttft(engine, other, salt=None)
+        warm["hafiza"].append(t)
+        cached["hafiza"].append(n)
+    rows = []
+    for system_name in ("hafiza", "llama.cpp"):
+        c, w = statistics.median(cold[system_name]), statistics.median(warm[system_name])
+        rows.append({"system": system_name, "prompt_tokens": len(prompts[1]),
+                     "cached_tokens": statistics.median(cached[system_name]), "cold_ttft_s": c, "warm_ttft_s": w,
+                     "speedup": c / w, "repeats": repeats})
+    del llm
+    return rows
+
+
+# -- servers under the `bench serve` load ---------------------------------------------------------------------
+
+
+def find_llama_server(explicit: str | None) -> str | None:
+    """The llama-server binary: --llama-server, $HAFIZA_LLAMA_SERVER, or `llama-server` on PATH."""
+    for candidate in (explicit, os.environ.get("HAFIZA_LLAMA_SERVER"), shutil.which("llama-server")):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def server_command(kind: str, binary: str | None, model: Path, port: int, slots: int, threads: int) -> list[str]:
+    """How to start llama.cpp's server: the binary with `slots` parallel slots, or the Python one (one slot)."""
+    if kind == "binary":
+        assert binary is not None
+        return [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+                "-c", str(slots * SLOT_CONTEXT), "-t", str(threads), "-tb", str(threads), "--no-webui"]
+    return [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port",
+            str(port), "--n_ctx", str(SLOT_CONTEXT * 2), "--n_threads", str(threads), "--n_threads_batch",
+            str(threads), "--interrupt_requests", "False"]
+
+
+async def _llama_turn(client: httpx.AsyncClient, model: str, system: str, messages: list[dict],
+                      max_tokens: int) -> tuple[float, str, int, int | None, int]:
+    """One streamed OpenAI chat turn; output tokens from usage, or counted as content chunks where the server
+    sends no usage (llama.cpp streams one token per chunk)."""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": system}, *messages]}
+    t0 = time.perf_counter()
+    ttft, text, chunks, prompt, cached, out = 0.0, [], 0, 0, None, None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices", []):
+                if (choice.get("delta") or {}).get("content"):
+                    ttft = ttft or time.perf_counter() - t0
+                    text.append(choice["delta"]["content"])
+                    chunks += 1
+            usage = chunk.get("usage")
+            if usage:
+                prompt, out = usage.get("prompt_tokens", 0), usage.get("completion_tokens")
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return ttft or time.perf_counter() - t0, "".join(text), prompt, cached, out if out is not None else chunks
+
+
+async def _session(client: httpx.AsyncClient, cfg: serve_bench.Config, model: str, system: str, index: int
+                   ) -> list[dict]:
+    """The turns of `bench serve`'s session `index` (same seeded questions)."""
+    rng = random.Random(index)
+    messages: list[dict] = []
+    turns = []
+    for t in range(cfg.turns):
+        messages.append({"role": "user",
+                         "content": f"Session {index}, question {t}: {serve_bench._words(rng, cfg.user_words)}?"})
+        t0 = time.perf_counter()
+        ttft, text, prompt, cached, out = await _llama_turn(client, model, system, messages, cfg.max_tokens)
+        turns.append({"session": index, "turn": t, "ttft_s": ttft, "total_s": time.perf_counter() - t0,
+                      "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": out})
+        messages.append({"role": "assistant", "content": text.strip() or "ok"})
+    return turns
+
+
+async def _load(url: str, cfg: serve_bench.Config) -> dict[str, Any]:
+    system = ("You are a helpful assistant for a shared knowledge base. "
+              f"{serve_bench._words(random.Random(7), cfg.system_words)}")
+    async with httpx.AsyncClient(base_url=url, timeout=1800,
+                                 limits=httpx.Limits(max_connections=cfg.sessions + 4)) as client:
+        models = (await client.get("/v1/models")).json()
+        model = models["data"][0]["id"]
+        t0 = time.perf_counter()
+        await _llama_turn(client, model, system, [{"role": "user", "content": "warm-up"}], 1)
+        cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sessions = await asyncio.gather(*(_session(client, cfg, model, system, i) for i in range(cfg.sessions)))
+        wall = time.perf_counter() - t0
+    turns = [t for s in sessions for t in s]
+    ttfts = [t["ttft_s"] for t in turns]
+    reported = [t for t in turns if t["cached_tokens"] is not None and t["prompt_tokens"]]
+    return {"cold_prefill_s": cold, "requests": len(turns), "wall_s": wall,
+            "ttft_p50_s": serve_bench._percentile(ttfts, 0.5), "ttft_p99_s": serve_bench._percentile(ttfts, 0.99),
+            "ttft_mean_s": statistics.fmean(ttfts), "output_tokens": sum(t["output_tokens"] for t in turns),
+            "aggregate_tok_s": sum(t["output_tokens"] for t in turns) / wall,
+            "usage_hit_rate": (sum(t["cached_tokens"] for t in reported) / sum(t["prompt_tokens"] for t in reported)
+                               if reported else None),
+            "turns": turns}
+
+
+def _wait_http(proc: subprocess.Popen, url: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server did not answer within {timeout_s:.0f} s")
+
+
+def run_llama_server(cmd: list[str], port: int, cfg: serve_bench.Config, log: Path) -> dict[str, Any]:
+    """Start llama.cpp's server (listening on `port`), run the load against it, stop it."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_http(proc, url)
+            return asyncio.run(_load(url, cfg))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def bench_servers(model: Path, cfg: serve_bench.Config, kinds: list[str], binary: str | None, slots: int,
+                  threads: int, log_dir: Path) -> dict[str, Any]:
+    """hafiza serve, then each llama.cpp server, under the same load; a server that fails gets an error row."""
+    from hafiza.server.launch import free_port
+
+    rows = []
+    try:
+        res = serve_bench.run_bench(serve_bench.Config(cfg.sessions, cfg.turns, cfg.max_tokens, cfg.system_words,
+                                                       cfg.user_words, api="openai"))
+        rows.append({"system": "hafiza serve (OpenAI API)", "slots": None,
+                     **{k: v for k, v in res.items() if k != "turns"}})
+    except Exception as exc:
+        rows.append({"system": "hafiza serve (OpenAI API)", "error": _short(exc)})
+    for kind in kinds:
+        label = (f"llama.cpp llama-server ({slots} parallel slots)" if kind == "binary"
+                 else "llama.cpp `python -m llama_cpp.server` (1 slot: one request at a time)")
+        try:
+            port = free_port()
+            cmd = server_command(kind, binary, model, port, slots, threads)
+            res = run_llama_server(cmd, port, cfg, log_dir / f"llamacpp-{kind}-server.log")
+            rows.append({"system": label, "slots": slots if kind == "binary" else 1, "command": " ".join(cmd),
+                         **{k: v for k, v in res.items() if k != "turns"}})
+        except Exception as exc:
+            rows.append({"system": label, "error": _short(exc)})
+    note = (f"{cfg.sessions} sessions x {cfg.turns} turns, {cfg.system_words}-word shared system prompt, "
+            f"{cfg.max_tokens}-token greedy replies, OpenAI API with streaming")
+    return {"config": asdict(cfg), "note": note, "rows": rows}
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+def run(model: str | None, contexts: list[int], repeats: int, system_tokens: int, cfg: serve_bench.Config,
+        servers: str, binary: str | None, slots: int, log_dir: Path) -> dict[str, Any]:
+    """Every part; each part that fails records its error instead of figures."""
+    import torch
+
+    from hafiza.models import load_model
+
+    llama_cpp, reason = llama_import()
+    if llama_cpp is None:
+        return {"available": False, "reason": reason}
+    loaded = load_model(model, dtype="fp32", device="cpu")
+    threads = torch.get_num_threads()
+    data: dict[str, Any] = {
+        "available": True, "version": llama_cpp.__version__, "model": loaded.path.name, "threads": threads,
+        "new_tokens": NEW_TOKENS, "hafiza_dtype": "fp32", "load_average_start": os.getloadavg()[0],
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()}
+    try:
+        data["decode"] = bench_decode(llama_cpp, loaded, contexts, repeats, threads)
+    except Exception as exc:
+        data["decode"] = [{"error": _short(exc)}]
+    try:
+        data["prompt_cache"] = bench_prompt_cache(llama_cpp, loaded, system_tokens, repeats, threads)
+    except Exception as exc:
+        data["prompt_cache"] = [{"system": "llama.cpp", "error": _short(exc)}]
+    found = find_llama_server(binary)
+    kinds = {"auto": ["binary"] if found else ["python"], "binary": ["binary"], "python": ["python"],
+             "both": ["binary", "python"] if found else ["python"], "none": []}[servers]
+    if "binary" in kinds and not found:
+        data["server"] = {"rows": [{"system": "llama.cpp llama-server", "error": "no llama-server binary found "
+                                    "(--llama-server, $HAFIZA_LLAMA_SERVER or PATH)"}]}
+    elif kinds:
+        data["server"] = bench_servers(loaded.path, cfg, kinds, found, slots, threads, log_dir)
+    data["load_average_end"] = os.getloadavg()[0]
+    return data
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add `hafiza bench llamacpp`."""
+
+    @bench_app.command("llamacpp")
+    def llamacpp(
+        json_path: Annotated[str | None, typer.Option("--json", help="Where to write the JSON results.")] = None,
+        model: Annotated[str | None, typer.Option(help="GGUF file (default: SmolLM2-135M Q4_1).")] = None,
+        contexts: Annotated[str, typer.Option(help="Context lengths for prefill/decode.")] = "128,1024",
+        repeats: Annotated[int, typer.Option(help="Runs per measurement (median reported).")] = 3,
+        system_tokens: Annotated[int, typer.Option(help="Shared system prompt for the prompt cache.")] = 2000,
+        sessions: Annotated[int, typer.Option(help="Concurrent chat sessions against the servers.")] = 8,
+        turns: Annotated[int, typer.Option(help="Turns per session.")] = 4,
+        max_tokens: Annotated[int, typer.Option(help="Reply length per turn.")] = 32,
+        system_words: Annotated[int, typer.Option(help="Shared system prompt of the chat load, in words.")] = 1100,
+        servers: Annotated[str, typer.Option(help="Which llama.cpp server: auto (the binary if found, else "
+                                                  "Python), binary, python, both or none.")] = "auto",
+        llama_server: Annotated[str | None, typer.Option(help="Path of a llama-server binary.")] = None,
+        slots: Annotated[int | None, typer.Option(help="llama-server parallel slots (default: --sessions).")
+                         ] = None,
+    ) -> None:
+        """llama.cpp on the same GGUF, interleaved with hafiza: decode, prefill, prompt cache, server under load."""
+        from rich.console import Console
+
+        from hafiza.errors import HafizaError
+
+        if servers not in ("auto", "binary", "python", "both", "none"):
+            raise HafizaError(f"--servers must be auto, binary, python, both or none, got {servers!r}")
+        if min(repeats, sessions, turns, max_tokens, system_words, system_tokens) < 1:
+            raise HafizaError("--repeats, --sessions, --turns, --max-tokens and the prompt sizes must be positive")
+        cfg = serve_bench.Config(sessions, turns, max_tokens, system_words, api="openai")
+        out = Path(json_path) if json_path else Path("bench/results/llamacpp.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = run(model, [int(c) for c in contexts.split(",")], repeats, system_tokens, cfg, servers,
+                   llama_server, slots or sessions, out.parent)
+        print_tables(data, Console())
+        print(f"wrote {write_json(data, out, 'llamacpp.json')}")
+
+
+def print_tables(data: dict[str, Any], console: Any) -> None:
+    """The figures as rich tables (the same as the docs' region)."""
+    from rich.table import Table
+
+    if not data["available"]:
+        console.print(f"llama.cpp peer not measured: {data['reason']}")
+        return
+    for title, rows, cols in (
+        ("prefill + decode", data.get("decode", []),
+         ("context", "system", "prefill_s", "decode_tokens_per_s", "seconds", "error")),
+        ("prompt cache", data.get("prompt_cache", []),
+         ("system", "prompt_tokens", "cached_tokens", "cold_ttft_s", "warm_ttft_s", "speedup", "error")),
+        ("servers under the same chat load", data.get("server", {}).get("rows", []),
+         ("system", "requests", "ttft_p50_s", "ttft_p99_s", "aggregate_tok_s", "usage_hit_rate", "error")),
+    ):
+        if not rows:
+            continue
+        used = [c for c in cols if any(c in r for r in rows)]
+        table = Table(title=f"llama.cpp vs hafiza: {title}")
+        for c in used:
+            table.add_column(c, justify="right")
+        for r in rows:
+            table.add_row(*[_cell(r.get(c)) for c in used])
+        console.print(table)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
