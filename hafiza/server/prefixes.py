@@ -141,6 +141,7 @@ class PrefixIndex:
         """The `limit` largest cached prefixes (by reachable tokens) with their pins, TTLs and previews."""
         residents = self._residents()
         blocks, now, bs = self.engine.blocks.blocks, self.engine.blocks.clock(), self.block_size
+        block_bytes = getattr(self.engine, "bytes_per_block", None) or self.engine.layout.bytes_per_block
         attributed: set[int] = set()
         for r in residents:
             attributed.update(b for b in r.block_ids if b is not None)
@@ -165,7 +166,7 @@ class PrefixIndex:
                 "idle_s": max(0.0, time.time() - r.chain.last_seen),
                 "head": head,
                 "tail": tail,
-                "bytes": r.resident * self.engine.layout.bytes_per_block,
+                "bytes": r.resident * block_bytes,
             })
         return {"prefixes": rows, "count": len(residents),
                 "unattributed_cached_blocks": len(cached_ids - attributed)}
