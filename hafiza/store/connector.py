@@ -142,13 +142,16 @@ class StoreConnector(KVConnector):
         cls, engine: LLMEngine, store: TieredStore, *, codec: str = DEFAULT_STORE_CODEC,
         default_ttl_s: float | None = DEFAULT_TTL_S, max_pending_bytes: int = 128 << 20,
     ) -> StoreConnector:
-        """A connector for `engine`'s pool, model fingerprint, KV dtype, block size and cache pins."""
-        lay = engine.layout
+        """A connector for `engine`'s pool, model fingerprint, KV dtype, block size and cache pins. The stored
+        block's shape and dtype are whatever the pool's `read_blocks` gives (the storage dtype of a
+        full-precision pool, e.g. bf16 under fp32 compute)."""
         model_fp, kv_dtype, block_size = engine.extra_keys
-        assert block_size == lay.block_size
+        probe = engine.kv.read_blocks([0])
+        layers, _, _, probe_bs, heads, dim = probe.shape
+        assert probe_bs == block_size, f"pool blocks hold {probe_bs} tokens, the engine says {block_size}"
         return cls(
             store, engine.kv, model_fingerprint=model_fp, kv_dtype=kv_dtype,
-            block_shape=(lay.num_layers, lay.block_size, lay.num_kv_heads, lay.head_dim), torch_dtype=lay.dtype,
+            block_shape=(layers, block_size, heads, dim), torch_dtype=probe.dtype,
             codec=codec, default_ttl_s=default_ttl_s, pin_ttl=engine_pin_ttl(engine),
             max_pending_bytes=max_pending_bytes,
         )  # fmt: skip
