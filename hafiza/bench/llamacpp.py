@@ -285,6 +285,9 @@ def bench_servers(model: Path, cfg: serve_bench.Config, kinds: list[str], binary
             rows.append({"system": label, "error": _short(exc)})
     note = (f"{cfg.sessions} sessions x {cfg.turns} turns, {cfg.system_words}-word shared system prompt, "
             f"{cfg.max_tokens}-token greedy replies, OpenAI API with streaming")
+    if "binary" not in kinds:
+        note += ("; no llama-server binary was found (--llama-server, $HAFIZA_LLAMA_SERVER or PATH), so llama.cpp "
+                 "ran only as llama-cpp-python's server, which has no parallel slots")
     return {"config": asdict(cfg), "note": note, "rows": rows}
 
 
@@ -388,7 +391,7 @@ def print_tables(data: dict[str, Any], console: Any) -> None:
         used = [c for c in cols if any(c in r for r in rows)]
         table = Table(title=f"llama.cpp vs hafiza: {title}")
         for c in used:
-            table.add_column(c, justify="right")
+            table.add_column(c, justify="left" if c == "system" else "right", no_wrap=c == "system")
         for r in rows:
             table.add_row(*[_cell(r.get(c)) for c in used])
         console.print(table)
