@@ -165,15 +165,21 @@ class BlockManager:
             else:
                 self.free_queue[bid] = None
 
-    def pin(self, block_ids: Sequence[int], ttl_s: float) -> None:
-        """Keep cached blocks ahead of eviction for `ttl_s` seconds (extends, never shortens, a pin)."""
+    def pin(self, hashes: Sequence[str], ttl_s: float) -> int:
+        """Keep the cached blocks holding `hashes` ahead of eviction for `ttl_s` seconds (extends, never shortens,
+        a pin). Pins by content: a request whose own copy of a block was a duplicate pins the cached one.
+        Returns how many blocks were pinned (hashes no longer cached are skipped)."""
         now = self.clock()
-        for bid in block_ids:
+        pinned = 0
+        for h in hashes:
+            bid = self.hash_to_block.get(h)
+            if bid is None:
+                continue
             block = self.blocks[bid]
-            if block.hash is None:
-                raise AssertionError(f"block {bid} is not cached and cannot be pinned")
             block.pin_ttl = max(block.pin_ttl if block.pin_expiry > now else 0.0, ttl_s)
             self._set_pin(block, max(block.pin_expiry, now + ttl_s))
+            pinned += 1
+        return pinned
 
     def _set_pin(self, block: Block, expiry: float) -> None:
         block.pin_expiry = expiry

@@ -24,7 +24,12 @@ def generate(
     chat: Annotated[bool, typer.Option(help="Wrap the prompt in the model's chat template.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="Compute dtype: fp32 or bf16.")] = "fp32",
-    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto (bf16), model, fp32, bf16.")] = "auto",
+    kv_dtype: Annotated[str, typer.Option(
+        help="KV pool format: auto (bf16), model, fp32, bf16, fp16, or lossy fp8, int8, int4.")] = "auto",
+    eviction: Annotated[str | None, typer.Option(
+        help="Token eviction beyond --kv-budget-tokens: streaming (sinks + recent) or h2o (heavy hitters).")] = None,
+    kv_budget_tokens: Annotated[int | None, typer.Option(
+        help="With --eviction: most KV tokens one sequence keeps.")] = None,
 ) -> None:
     """Generate text from PROMPT, streaming it as it is produced."""
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
@@ -33,7 +38,7 @@ def generate(
     t0 = time.perf_counter()
     lm = load_model(model, dtype=dtype, device=device)
     load_s = time.perf_counter() - t0
-    engine = LLMEngine(lm, EngineConfig(kv_dtype=kv_dtype))
+    engine = LLMEngine(lm, EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens))
     text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             stop=list(stop or []))

@@ -29,7 +29,12 @@ def serve(
         help="Model id clients send (default: the model file's stem).")] = None,
     kv_memory: Annotated[str, typer.Option(help="KV pool size: auto, a size (2GiB) or a fraction of free memory.")
                          ] = "auto",
-    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto (bf16), model, fp32, bf16.")] = "auto",
+    kv_dtype: Annotated[str, typer.Option(
+        help="KV pool format: auto (bf16), model, fp32, bf16, fp16, or lossy fp8, int8, int4.")] = "auto",
+    eviction: Annotated[str | None, typer.Option(
+        help="Token eviction beyond --kv-budget-tokens: streaming (sinks + recent) or h2o (heavy hitters).")] = None,
+    kv_budget_tokens: Annotated[int | None, typer.Option(
+        help="With --eviction: most KV tokens one sequence keeps.")] = None,
     min_cache_tokens: Annotated[int, typer.Option(
         help="Shortest prefix a cache_control breakpoint caches (shorter ones are ignored, no error).")] = 1024,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -73,7 +78,8 @@ def serve(
     price_table = PriceTable.parse(prices)
     store = _store_options(store_ram, store_disk, store_redis, store_codec, store_write_back)
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
+                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                          eviction=eviction, kv_budget_tokens=kv_budget_tokens)
     aengine = start_engine(model, device, dtype, config)
     connector = None
     try:

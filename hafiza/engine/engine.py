@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hafiza.cache.block_manager import BlockManager, BlockStats
-from hafiza.cache.kv_cache import KVCache, KVLayout
 from hafiza.cache.memory import kv_memory_bytes
-from hafiza.device import dtype_name, resolve_dtype
+from hafiza.device import dtype_name
 from hafiza.engine.connector import KVConnector
 from hafiza.engine.output import TextOutput
 from hafiza.engine.runner import ModelRunner
@@ -21,11 +20,31 @@ from hafiza.engine.scheduler import Scheduler, SchedulerConfig
 from hafiza.engine.sequence import CachePin, Sequence, Status
 from hafiza.errors import RequestError
 from hafiza.models.loader import LoadedModel
+from hafiza.quant.eviction import AttentionScores, make_policy
+from hafiza.quant.factory import (
+    FULL_KINDS,
+    blocks_that_fit,
+    bytes_per_token,
+    fixed_bytes,
+    layout_for,
+    make_kv_cache,
+    with_blocks,
+)
+
+
+def resolve_kv_kind(name: str, model_dtype: torch.dtype) -> str:
+    """'auto' -> bf16, 'model' -> the compute dtype's name; anything else must be a known pool kind."""
+    if name == "auto":
+        return "bf16"
+    if name == "model":
+        return dtype_name(model_dtype)
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name)
 
 
 @dataclass
 class EngineConfig:
-    """Engine knobs. kv_dtype 'auto' stores K/V in bf16; 'model' uses the model's compute dtype."""
+    """Engine knobs. kv_dtype: auto (bf16), model (the compute dtype), fp32, bf16, fp16, fp8, int8 or int4.
+    eviction (streaming | h2o) with kv_budget_tokens caps the KV one sequence keeps (contexts beyond memory)."""
 
     kv_memory: str | int | float = "auto"
     kv_dtype: str = "auto"
@@ -35,6 +54,9 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     cache_salt: str | None = None
+    eviction: str | None = None
+    kv_budget_tokens: int | None = None
+    sink_tokens: int = 4
 
 
 @dataclass
@@ -99,22 +121,33 @@ class LLMEngine:
         self.loaded, self.config = model, config or EngineConfig()
         cfg, c = self.config, model.config
         self.tokenizer = model.tokenizer
-        self.kv_dtype = model.dtype if cfg.kv_dtype == "model" else resolve_dtype(
-            "bf16" if cfg.kv_dtype == "auto" else cfg.kv_dtype)
+        self.kv_kind = resolve_kv_kind(cfg.kv_dtype, model.dtype)
         self.max_model_len = min(cfg.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
-        probe = KVLayout(c.num_layers, 1, cfg.block_size, c.num_kv_heads, c.head_dim, self.kv_dtype)
+        probe = layout_for(c, 1, cfg.block_size, model.dtype)
         budget = kv_memory_bytes(cfg.kv_memory, model.device)
-        num_blocks = budget // probe.bytes_per_block
+        num_blocks = blocks_that_fit(budget, self.kv_kind, probe, max_seqs=cfg.max_num_seqs)
+        self.bytes_per_block = int(bytes_per_token(self.kv_kind, probe) * cfg.block_size)
         if num_blocks < 1:
-            raise RequestError(f"--kv-memory {cfg.kv_memory} holds no block of {probe.bytes_per_block} bytes")
-        self.layout = KVLayout(c.num_layers, num_blocks, cfg.block_size, c.num_kv_heads, c.head_dim, self.kv_dtype)
-        self.kv = KVCache(self.layout, model.device)
+            staging = fixed_bytes(self.kv_kind, probe, max_seqs=cfg.max_num_seqs)
+            extra = f" after {self.kv_kind}'s full-precision window of {staging} bytes" if staging else ""
+            raise RequestError(f"--kv-memory {cfg.kv_memory} ({budget} bytes) holds no KV block of "
+                               f"{self.bytes_per_block} bytes{extra}; raise --kv-memory or lower --max-num-seqs")
+        self.layout = with_blocks(probe, num_blocks)
+        self.kv = make_kv_cache(self.kv_kind, self.layout, model.device, max_seqs=cfg.max_num_seqs)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.eviction = make_policy(cfg.eviction, cfg.sink_tokens) if cfg.eviction else None
+        if self.eviction is not None and not cfg.kv_budget_tokens:
+            raise RequestError("--eviction needs --kv-budget-tokens (the most KV tokens one sequence may keep)")
+        budget_blocks = cfg.kv_budget_tokens // cfg.block_size if cfg.kv_budget_tokens else None
+        needs_scores = self.eviction is not None and self.eviction.needs_scores
+        self.scores = AttentionScores(num_blocks, model.device) if needs_scores else None
         self.scheduler = Scheduler(
-            SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching), self.blocks
+            SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching), self.blocks,
+            eviction=self.eviction, budget_blocks=budget_blocks, scores=self.scores,
         )
-        self.runner = ModelRunner(model.model, self.kv, cfg.block_size, fresh_kv_exact=self.kv_dtype == model.dtype)
-        self.extra_keys = (model.fingerprint, dtype_name(self.kv_dtype), cfg.block_size)
+        exact = self.kv_kind in FULL_KINDS and FULL_KINDS[self.kv_kind] == model.dtype
+        self.runner = ModelRunner(model.model, self.kv, cfg.block_size, fresh_kv_exact=exact, scores=self.scores)
+        self.extra_keys = (model.fingerprint, self.kv_kind, cfg.block_size)
         self.seqs: dict[str, Sequence] = {}
         self.outputs: dict[str, TextOutput] = {}
         self._ids = itertools.count()
@@ -222,6 +255,9 @@ class LLMEngine:
     def _cache_full_blocks(self, seq: Sequence) -> None:
         bs = self.layout.block_size
         full = seq.num_computed // bs
+        if seq.evicted:
+            seq.num_cached_blocks = full  # K/V computed without the evicted tokens: never offered as a prefix
+            return
         if full > seq.num_cached_blocks:
             hashes = seq.hashes(bs)
             for b in range(seq.num_cached_blocks, full):
@@ -232,7 +268,7 @@ class LLMEngine:
         for pin in seq.pins:
             covered = min(pin.num_tokens, seq.num_prompt_tokens) // bs
             if covered and full >= covered and seq.pinned_tokens < covered * bs:
-                self.blocks.pin(seq.block_table[:covered], pin.ttl_s)
+                self.blocks.pin(seq.hashes(bs)[:covered], pin.ttl_s)
         if seq.pins:
             covered = max(min(p.num_tokens, seq.num_prompt_tokens) // bs for p in seq.pins)
             if full >= covered:
@@ -309,7 +345,7 @@ class LLMEngine:
                 fill[bid] = max(fill.get(bid, 0), min(bs, max(0, seq.num_computed - b * bs)))
         stored = sum(fill.values())
         return EngineStats(
-            blocks=bstats, bytes_per_block=self.layout.bytes_per_block, kv_dtype=dtype_name(self.kv_dtype),
+            blocks=bstats, bytes_per_block=self.bytes_per_block, kv_dtype=self.kv_kind,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, requests_finished=self.requests_finished,

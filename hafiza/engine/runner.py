@@ -5,18 +5,23 @@ from __future__ import annotations
 import torch
 
 from hafiza.engine.scheduler import ScheduledBatch
-from hafiza.models.attention import AttentionMetadata, PagedKV, PrefillSpan
+from hafiza.models.attention import AttentionMetadata, AttentionObserver, PagedKV, PrefillSpan
 from hafiza.models.llama import LlamaModel
+from hafiza.quant.eviction import AttentionScores
+from hafiza.quant.observe import slot_mass
 
 
 class ModelRunner:
     """Builds inputs for one step and returns fp32 logits for the sequences that sample a token."""
 
-    def __init__(self, model: LlamaModel, kv: PagedKV, block_size: int, fresh_kv_exact: bool) -> None:
+    def __init__(self, model: LlamaModel, kv: PagedKV, block_size: int, fresh_kv_exact: bool,
+                 scores: AttentionScores | None = None) -> None:
         """`fresh_kv_exact`: the pool stores K/V exactly as computed, so a prefill without a cached prefix may
-        attend to the fresh K/V instead of reading them back."""
+        attend to the fresh K/V instead of reading them back. `scores`: collect per-block attention mass for a
+        score-based eviction policy."""
         self.model, self.kv, self.block_size = model, kv, block_size
         self.fresh_kv_exact = fresh_kv_exact
+        self.scores = scores
         self.device = model.device
         self.window = model.config.sliding_window
 
@@ -39,21 +44,29 @@ class ModelRunner:
         num_decode = 0
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
-        spans: list[tuple[int, int, int, list[int]]] = []
+        decode_kept: list[int | None] = []
+        spans: list[tuple[int, int, int, list[int], list[int] | None]] = []
+        observed: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             start, end = seq.num_computed, seq.num_computed + n
-            table = seq.block_table
+            table, logical = seq.block_table, seq.block_logical
+            tail = len(table) - 1 - logical[-1]  # physical index = logical block + tail, for new positions
             flat_start = len(ids)
             ids += seq.token_ids[start:end]
             pos += range(start, end)
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            slots += [table[p // bs + tail] * bs + p % bs for p in range(start, end)]
             last.append(len(ids) - 1 if end == seq.num_tokens else -1)
             if n == 1:
                 num_decode += 1
-                decode_tables.append(table[: -(-end // bs)])
+                kept = (len(table) - 1) * bs + (end - 1) % bs + 1
+                decode_tables.append(table)
                 decode_lens.append(end)
+                decode_kept.append(kept if seq.evicted else None)
+                if self.scores is not None:
+                    observed.append((flat_start, 1, torch.tensor(table, device=dev),
+                                     (torch.arange(len(table) * bs, device=dev) < kept)[None]))
             else:
-                spans.append((flat_start, n, end, table[: -(-end // bs)]))
+                spans.append((flat_start, n, end, table, logical if seq.evicted else None))
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), num_decode=num_decode)
         if num_decode:
@@ -61,18 +74,46 @@ class ModelRunner:
             padded = [t + [t[0]] * (width - len(t)) for t in decode_tables]
             meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
             q_pos = torch.tensor(decode_lens, device=dev) - 1
-            meta.decode_mask = self._mask(q_pos, width * bs)[:, None, None, :]
-        for flat_start, n, ctx, table in spans:
+            mask = self._mask(q_pos, width * bs)
+            for i, kept in enumerate(decode_kept):
+                if kept is not None:  # evicted: the kept blocks are packed, the first `kept` slots are valid
+                    mask[i] = torch.arange(width * bs, device=dev) < kept
+            meta.decode_mask = mask[:, None, None, :]
+        for flat_start, n, ctx, table, logical in spans:
             q_pos = positions[flat_start : flat_start + n]
             plain_causal = ctx == n and not (self.window and n > self.window)
-            if plain_causal and self.fresh_kv_exact:
-                meta.prefills.append(PrefillSpan(flat_start, n, ctx))
-                continue
-            meta.prefills.append(PrefillSpan(
-                flat_start, n, ctx, block_table=torch.tensor(table, dtype=torch.long, device=dev),
-                mask=None if plain_causal else self._mask(q_pos, ctx),
-            ))
+            if logical is not None:
+                offs = torch.arange(bs, device=dev)
+                key_pos = (torch.tensor(logical, device=dev)[:, None] * bs + offs).reshape(-1)
+                span = PrefillSpan(flat_start, n, len(table) * bs, torch.tensor(table, dtype=torch.long, device=dev),
+                                   key_pos[None, :] <= q_pos[:, None])
+            elif plain_causal and self.fresh_kv_exact:
+                span = PrefillSpan(flat_start, n, ctx)
+            else:
+                span = PrefillSpan(
+                    flat_start, n, ctx, block_table=torch.tensor(table[: -(-ctx // bs)], dtype=torch.long, device=dev),
+                    mask=None if plain_causal else self._mask(q_pos, ctx),
+                )
+            meta.prefills.append(span)
+            if self.scores is not None and span.block_table is not None:
+                observed.append((flat_start, n, span.block_table, span.mask if span.mask is not None
+                                 else self._mask(q_pos, ctx)))
+        if observed:
+            meta.observer = self._observer(observed)
         return torch.tensor(ids, dtype=torch.long, device=dev), positions, meta, last
+
+    def _observer(self, parts: list[tuple[int, int, torch.Tensor, torch.Tensor]]) -> AttentionObserver:
+        """Per layer, the attention mass each block of the observed sequences received (H2O-like scores)."""
+        scores = self.scores
+        assert scores is not None
+
+        def observe(layer: int, q: torch.Tensor, kv: PagedKV) -> None:
+            for start, n, table, mask in parts:
+                keys, _ = kv.gather(layer, table[None])
+                width = mask.shape[-1]
+                scores.add(table, slot_mass(q[start : start + n], keys[0, :width], mask), n)
+
+        return observe
 
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
         """Run one step; returns logits [S, V] for the S sequences with last index >= 0, and those indices."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from hafiza.cache.block_manager import BlockManager
 from hafiza.engine.connector import KVConnector
 from hafiza.engine.sequence import Sequence, Status
+from hafiza.quant.eviction import AttentionScores, EvictionPolicy
 
 
 @dataclass
@@ -43,8 +44,18 @@ class ScheduledBatch:
 class Scheduler:
     """Owns the waiting queue and the running list; decides each step's batch."""
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, eviction: EvictionPolicy | None = None,
+                 budget_blocks: int | None = None, scores: AttentionScores | None = None) -> None:
+        """With `eviction`, no sequence keeps more than `budget_blocks` blocks: before growing, the policy picks
+        the blocks to keep (sinks, recent window, heavy hitters) and the rest are freed."""
         self.config, self.blocks = config, blocks
+        self.eviction, self.budget_blocks, self.scores = eviction, budget_blocks, scores
+        self.max_chunk = config.max_num_batched_tokens
+        if eviction is not None and budget_blocks is not None:
+            sinks = -(-getattr(eviction, "sink_tokens", 0) // blocks.block_size)
+            if budget_blocks < sinks + 3:
+                raise ValueError(f"an eviction budget of {budget_blocks} blocks leaves no room past {sinks} sinks")
+            self.max_chunk = min(self.max_chunk, (budget_blocks - sinks - 2) * blocks.block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -67,13 +78,38 @@ class Scheduler:
         seq.status = Status.FINISHED
 
     def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
+        held = seq.block_logical[-1] + 1 if seq.block_logical else 0
+        return max(0, -(-(seq.num_computed + num_new) // self.blocks.block_size) - held)
+
+    def _grow(self, seq: Sequence, need: int) -> None:
+        """Append `need` fresh blocks after the sequence's last logical block."""
+        held = seq.block_logical[-1] + 1 if seq.block_logical else 0
+        fresh = self.blocks.allocate(need)
+        seq.block_table += fresh
+        seq.block_logical += range(held, held + need)
+        if self.scores is not None and fresh:
+            self.scores.reset(fresh)
+
+    def _evict(self, seq: Sequence, need: int) -> None:
+        """Drop blocks chosen by the eviction policy so the sequence stays within its budget after growing."""
+        if self.eviction is None or self.budget_blocks is None or len(seq.block_table) + need <= self.budget_blocks:
+            return
         bs = self.blocks.block_size
-        return max(0, -(-(seq.num_computed + num_new) // bs) - len(seq.block_table))
+        scores = self.scores.score(seq.block_table) if self.scores is not None else None
+        keep = self.eviction.select(len(seq.block_table), self.budget_blocks - need, bs, scores)
+        kept = set(keep)
+        dropped = [b for i, b in enumerate(seq.block_table) if i not in kept]
+        self.blocks.free(dropped)
+        seq.block_table = [seq.block_table[i] for i in keep]
+        seq.block_logical = [seq.block_logical[i] for i in keep]
+        seq.evicted = True
+        seq.evicted_tokens += len(dropped) * bs
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
-        seq.block_table, seq.num_computed, seq.num_cached_blocks = [], 0, 0
+        seq.block_table, seq.block_logical, seq.num_computed, seq.num_cached_blocks = [], [], 0, 0
+        seq.evicted = False
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -90,8 +126,9 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = min(seq.num_tokens - seq.num_computed, budget, self.max_chunk)
             need = self._blocks_needed(seq, n)
+            self._evict(seq, need)
             while need > self.blocks.num_allocatable():
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -104,7 +141,7 @@ class Scheduler:
                     break
             if seq.status is not Status.RUNNING:
                 continue
-            seq.block_table += self.blocks.allocate(need)
+            self._grow(seq, need)
             batch.seqs.append(seq)
             batch.num_new.append(n)
             budget -= n
@@ -124,21 +161,25 @@ class Scheduler:
         hashes = seq.hashes(bs)
         if self.config.enable_prefix_caching:
             hit = self.blocks.match_prefix(seq.token_ids, hashes, count=False)
+        if self.budget_blocks is not None:
+            hit = hit[: self.budget_blocks // 2]  # leave room to grow within the eviction budget
         external = 0
         limit = (seq.num_tokens - 1) // bs
         ext = None
-        if self.connector is not None and self.config.enable_prefix_caching and len(hit) < limit:
+        tiers_usable = self.connector is not None and self.budget_blocks is None
+        if tiers_usable and self.config.enable_prefix_caching and len(hit) < limit:
             ext = self.connector.lookup(hashes[len(hit) : limit])
             external = ext.num_blocks if ext.load else 0
         cached = len(hit) + external
-        n = min(seq.num_tokens - cached * bs, budget)
+        n = min(seq.num_tokens - cached * bs, budget, self.max_chunk)
         need = -(-(cached * bs + n) // bs) - len(hit)
         reclaimed = sum(1 for b in hit if self.blocks.blocks[b].ref_count == 0)
         if need > self.blocks.num_allocatable() - reclaimed:
             return False
         self.blocks.acquire(hit)
-        fresh = self.blocks.allocate(need)
-        seq.block_table = hit + fresh
+        seq.block_table, seq.block_logical = list(hit), list(range(len(hit)))
+        self._grow(seq, need)
+        fresh = seq.block_table[len(hit) :]
         if external:
             loaded = self.connector.load(hashes[len(hit) : cached], fresh[:external])  # type: ignore[union-attr]
             for i in range(loaded):

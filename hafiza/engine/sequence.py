@@ -28,7 +28,10 @@ class CachePin:
 
 @dataclass
 class Sequence:
-    """One request. `num_computed` tokens have K/V in the pool; `token_ids` holds prompt then output."""
+    """One request. `num_computed` tokens have K/V in the pool; `token_ids` holds prompt then output.
+
+    `block_logical[i]` is the logical block (position // block_size) that `block_table[i]` holds: the identity
+    until an eviction policy drops blocks, after which kept blocks keep their original positions."""
 
     request_id: str
     token_ids: list[int]
@@ -38,6 +41,9 @@ class Sequence:
     pins: tuple[CachePin, ...] = ()
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
+    block_logical: list[int] = field(default_factory=list)
+    evicted: bool = False
+    evicted_tokens: int = 0
     num_computed: int = 0
     num_cached_tokens: int | None = None
     block_hashes: list[str] = field(default_factory=list)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -15,6 +16,9 @@ class PagedKV(Protocol):
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
 
     def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+AttentionObserver = Callable[[int, torch.Tensor, "PagedKV"], None]
 
 
 @dataclass
@@ -36,13 +40,15 @@ class PrefillSpan:
 @dataclass
 class AttentionMetadata:
     """One forward step: `slot_mapping[i]` is where token i's K/V go; the first `num_decode` tokens are
-    single-token decodes of distinct sequences, batched against `decode_block_tables` under `decode_mask`."""
+    single-token decodes of distinct sequences, batched against `decode_block_tables` under `decode_mask`.
+    `observer(layer, q, kv)`, if set, runs after each layer's attention (score-based eviction reads it)."""
 
     slot_mapping: torch.Tensor
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
     prefills: list[PrefillSpan] = field(default_factory=list)
+    observer: AttentionObserver | None = None
 
 
 def paged_attention(
@@ -74,4 +80,6 @@ def paged_attention(
         vs = vs.transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=group > 1)
         out[s : s + n] = o[0].transpose(0, 1)
+    if meta.observer is not None:
+        meta.observer(layer, q, kv)
     return out

@@ -20,7 +20,7 @@ from hafiza.models.attention import AttentionMetadata, PagedKV
 MassCallback = Callable[[int, torch.Tensor, torch.Tensor, int], None]
 
 
-def _slot_mass(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def slot_mass(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [n, H, d], keys [S, Hkv, d], mask [n, S] or None -> attention mass per key slot [S]."""
     group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1).float()
@@ -38,14 +38,14 @@ def attention_mass(layer: int, q: torch.Tensor, kv: PagedKV,
         table = meta.decode_block_tables[i]
         keys, _ = kv.gather(layer, table[None])
         mask = None if meta.decode_mask is None else meta.decode_mask[i].reshape(1, -1)
-        out.append((table, _slot_mass(q[i : i + 1], keys[0], mask), 1))
+        out.append((table, slot_mass(q[i : i + 1], keys[0], mask), 1))
     for span in meta.prefills:
         if span.block_table is None:
             continue
         keys, _ = kv.gather(layer, span.block_table[None])
         ctx = span.context_len
         mass = torch.zeros(keys.shape[1], device=q.device)
-        mass[:ctx] = _slot_mass(q[span.start : span.start + span.length], keys[0, :ctx], span.mask)
+        mass[:ctx] = slot_mass(q[span.start : span.start + span.length], keys[0, :ctx], span.mask)
         out.append((span.block_table, mass, span.length))
     return out
 

@@ -69,7 +69,7 @@ def test_pinned_blocks_outlive_unpinned_until_ttl_expires() -> None:
     clock = Clock()
     bm = BlockManager(4, BS, clock=clock)
     a = fill(bm, list(range(8)))
-    bm.pin(a, ttl_s=300)
+    bm.pin(chain_hashes(list(range(8)), BS), ttl_s=300)
     bm.free(a)
     b = fill(bm, list(range(100, 108)))
     bm.free(b)
@@ -87,7 +87,7 @@ def test_hit_refreshes_pin_ttl() -> None:
     clock = Clock()
     bm = BlockManager(4, BS, clock=clock)
     a = fill(bm, list(range(8)))
-    bm.pin(a, ttl_s=300)
+    bm.pin(chain_hashes(list(range(8)), BS), ttl_s=300)
     bm.free(a)
     clock.now = 200
     bm.acquire(a)
@@ -96,10 +96,20 @@ def test_hit_refreshes_pin_ttl() -> None:
     assert bm.stats().pinned == 2  # refreshed at t=200, expires at 500
 
 
+def test_pin_by_content_when_own_block_was_a_duplicate() -> None:
+    bm = BlockManager(4, BS)
+    first = fill(bm, list(range(4)))
+    second = fill(bm, list(range(4)))  # same content computed again: not registered twice
+    assert bm.blocks[second[0]].hash is None
+    assert bm.pin(chain_hashes(list(range(4)), BS), ttl_s=60) == 1
+    assert bm.blocks[first[0]].pin_expiry > 0
+    bm.check_integrity()
+
+
 def test_only_pinned_left_evicts_pinned_as_last_resort() -> None:
     bm = BlockManager(2, BS)
     a = fill(bm, list(range(8)))
-    bm.pin(a, ttl_s=3600)
+    bm.pin(chain_hashes(list(range(8)), BS), ttl_s=3600)
     bm.free(a)
     assert len(bm.allocate(2)) == 2
     assert bm.pinned_evictions == 2
@@ -138,7 +148,7 @@ def test_invariants_hold_under_random_streams(stream: list[tuple[str, int, int]]
             bm.free(live.pop(n % len(live))[1])
         elif op == "pin" and live:
             tokens, blocks = live[n % len(live)]
-            bm.pin(blocks[: len(tokens) // BS], ttl_s=float(10 * (which + 1)))
+            bm.pin(chain_hashes(tokens, BS), ttl_s=float(10 * (which + 1)))
         elif op == "tick":
             clock.now += n
         elif op == "drop":

@@ -1,0 +1,69 @@
+"""Lossy KV pools and token eviction run through the same scheduler and paged pool as bf16."""
+
+from __future__ import annotations
+
+import pytest
+
+from hafiza.cache.hashing import chain_hashes
+from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
+from hafiza.errors import RequestError
+from hafiza.models import LoadedModel
+from hafiza.quant.pool import QuantizedPool
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "int8", "int4"])
+def test_each_format_generates_through_the_engine(default_model: LoadedModel, kind: str) -> None:
+    engine = LLMEngine(default_model, EngineConfig(kv_memory="32MiB", kv_dtype=kind, max_num_seqs=4))
+    assert isinstance(engine.kv, QuantizedPool) == (kind != "bf16")
+    assert engine.stats().kv_dtype == kind
+    prompts = ["The capital of France is", "The capital of Germany is the city of"]
+    out = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0))
+    assert "Paris" in out[0].text and "Berlin" in out[1].text
+    engine.check_integrity()
+
+
+def test_quantised_pools_hold_more_tokens_in_the_same_memory(default_model: LoadedModel) -> None:
+    cap = {k: LLMEngine(default_model, EngineConfig(kv_memory="16MiB", kv_dtype=k, max_num_seqs=2)).capacity_tokens
+           for k in ("fp32", "bf16", "fp8", "int8", "int4")}
+    assert cap["fp32"] < cap["bf16"] < cap["int8"] <= cap["fp8"] < cap["int4"]
+
+
+def engine_with_eviction(lm: LoadedModel, policy: str) -> LLMEngine:
+    cfg = EngineConfig(kv_memory="8MiB", kv_dtype="model", block_size=4, eviction=policy, kv_budget_tokens=32)
+    return LLMEngine(lm, cfg)
+
+
+@pytest.mark.parametrize("policy", ["streaming", "h2o"])
+def test_eviction_keeps_each_sequence_within_its_budget(tiny_llama: LoadedModel, policy: str) -> None:
+    engine = engine_with_eviction(tiny_llama, policy)
+    prompts = [list(range(100 + i, 200 + i)) for i in range(3)]
+    for p in prompts:
+        engine.add_request(p, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    outputs: dict[str, int] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id] = outputs.get(out.request_id, 0) + len(out.new_token_ids)
+        for seq in engine.scheduler.running:
+            assert len(seq.block_table) <= 8
+        engine.check_integrity()
+    assert outputs == {"req-0": 30, "req-1": 30, "req-2": 30}
+    assert engine.stats().blocks.in_use == 0
+
+
+def test_evicted_sequences_are_not_offered_as_prefixes(tiny_llama: LoadedModel) -> None:
+    engine = engine_with_eviction(tiny_llama, "streaming")
+    prompt = list(range(300, 400))
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    engine.generate([prompt], params)
+    first_chunk = engine.scheduler.max_chunk  # 20 tokens: computed before the first eviction
+    # only the blocks computed with the full context are cached; nothing after the first eviction
+    expected = chain_hashes(prompt, 4, (*engine.extra_keys, None))[: first_chunk // 4]
+    assert set(engine.blocks.hash_to_block) == set(expected)
+    second = engine.generate([prompt], params)[0]
+    assert 0 < second.num_cached_tokens <= first_chunk
+    engine.check_integrity()
+
+
+def test_eviction_needs_a_budget(tiny_llama: LoadedModel) -> None:
+    with pytest.raises(RequestError, match="kv-budget-tokens"):
+        LLMEngine(tiny_llama, EngineConfig(kv_memory="8MiB", eviction="streaming"))
