@@ -133,13 +133,13 @@ class AsyncEngine:
                     log.exception("engine step failed; failing the running requests")
                     self._fail_all(exc)
                     continue
-                for out in outputs:
-                    self._deliver(out.request_id, out)
-                for listener in self.step_listeners:
+                for listener in self.step_listeners:  # before delivery, so what they record is there first
                     try:
                         listener(outputs)
                     except Exception:  # a monitoring hook must never stop the engine
                         log.exception("step listener %r failed", listener)
+                for out in outputs:
+                    self._deliver(out.request_id, out)
             else:
                 self._wake.wait(0.05)
                 self._wake.clear()
