@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import torch
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -151,6 +152,7 @@ def run(model: str | None, files: list[Path], formats: list[str], policies: list
     if peer:
         rows += peer_rows(loaded, texts, setup)
     return {"model": loaded.name, "compute_dtype": "fp32", "device": str(loaded.device), "baseline": BASELINE,
+            "torch_threads": torch.get_num_threads(),
             "chunk": setup.chunk, "gen_tokens": setup.gen_tokens, "points_per_text": setup.points,
             "budget_tokens": setup.budget_tokens, "block_size": setup.block_size,
             "texts": [{"name": n, "tokens": len(t)} for n, t in texts], "results": rows}
@@ -180,26 +182,32 @@ def print_table(data: dict[str, Any]) -> None:
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Perplexity increase against stored bytes per token, one labelled point per configuration."""
+    """Perplexity increase against stored KV bytes per token of context, one labelled point per configuration.
+
+    Eviction rows are placed at bytes_per_token x budget / text length: the memory they really hold per token.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    tokens = max((t["tokens"] for t in data.get("texts", [])), default=0)
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=90)
-    for r in data["results"]:
-        if r.get("perplexity") is None:
-            continue
+    rows = [r for r in data["results"] if r.get("perplexity") is not None]
+    for i, r in enumerate(rows):
         label = r["format"] + (f"+{r['policy']}" if r["policy"] else "")
-        colour = "tab:blue" if r["system"] == "hafiza" else "tab:orange"
         bpt = r["bytes_per_token"]
-        ax.scatter(bpt / 1024, r["ppl_increase_pct"], color=colour, marker="o" if not r["policy"] else "s")
-        ax.annotate(label, (bpt / 1024, r["ppl_increase_pct"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        if r.get("budget_tokens") and tokens:
+            bpt *= min(1.0, r["budget_tokens"] / tokens)
+        colour = "tab:blue" if r["system"] == "hafiza" else "tab:orange"
+        x, y = bpt / 1024, r["ppl_increase_pct"]
+        ax.scatter(x, y, color=colour, marker="s" if r["policy"] else "o")
+        ax.annotate(label, (x, y), fontsize=7, xytext=(4, 6 if i % 2 else -10), textcoords="offset points")
     ax.axhline(0, color="grey", lw=0.5)
-    ax.set_xlabel("stored KV per token (KiB; squares: bf16 with an eviction budget)")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlabel("stored KV per token of context (KiB; squares: eviction to a budget)")
     ax.set_ylabel(f"perplexity increase vs {data['baseline']} KV (%)")
-    ax.set_title(f"{data['model']}: hafiza (blue) and transformers (orange)", fontsize=9)
+    ax.set_title(f"{data['model']}: hafiza (blue), transformers (orange)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -221,12 +229,16 @@ def register(bench_app: typer.Typer) -> None:
         chunk: Annotated[int, typer.Option(help="Tokens per evaluation chunk.")] = 64,
         points: Annotated[int, typer.Option(help="Greedy continuation points per text.")] = 3,
         gen: Annotated[int, typer.Option(help="Tokens per greedy continuation.")] = 64,
-        formats: Annotated[str, typer.Option(help="KV formats (comma-separated).")] = "fp32,bf16,fp8,int8,int4",
+        formats: Annotated[str, typer.Option(help="KV formats (comma-separated; fp32 too).")] = "bf16,fp8,int8,int4",
         policies: Annotated[str, typer.Option(help="Eviction policies on bf16 KV ('' for none).")] = "streaming,h2o",
         budget: Annotated[int, typer.Option(help="KV tokens kept per sequence under eviction.")] = 1024,
         peer: Annotated[bool, typer.Option(help="Also run transformers' QuantizedCache.")] = True,
+        threads: Annotated[int, typer.Option(help="torch CPU threads (0: torch's default). On a shared, "
+                                             "oversubscribed machine 1 is several times faster.")] = 0,
     ) -> None:
         """Perplexity, greedy agreement and bytes per token of each KV format and eviction policy vs bf16."""
+        if threads > 0:
+            torch.set_num_threads(threads)
         files = list(text) if text else sorted(TEXT_DIR.glob("*.txt"))
         setup = Setup(tokens=tokens, chunk=chunk, points=points, gen_tokens=gen, budget_tokens=budget)
         split = [s for s in formats.split(",") if s]

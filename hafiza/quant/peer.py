@@ -40,8 +40,9 @@ PEERS = (
     PeerCache("hf-dynamic", _dynamic, 32.0, "full precision (fp32) DynamicCache: the peer's own baseline"),
     PeerCache("hf-quanto-int4", _quantized("quanto", nbits=4), 4 + 2 * 32 / 64,
               "optimum-quanto int4, group 64, fp32 scale+zero, residual 128 tokens in full precision"),
-    PeerCache("hf-hqq-int4", _quantized("hqq", nbits=4), 4 + 2 * 32 / 64,
-              "HQQ int4, group 64, fp32 scale+zero, residual 128 tokens in full precision"),
+    PeerCache("hf-hqq-int4", _quantized("hqq", nbits=4, axis_key=1, axis_value=1), 4 + 2 * 32 / 64,
+              "HQQ int4 along axis 1 (transformers' documented HQQ setting), group 64, fp32 scale+zero, "
+              "residual 128 tokens in full precision"),
     PeerCache("hf-fp8", _quantized("fp8"), 8.0, "fp8 e4m3, one scale per tensor"),
 )
 
