@@ -202,9 +202,10 @@ def plot(data: dict[str, Any], path: Path) -> None:
         colour = "tab:blue" if r["system"] == "hafiza" else "tab:orange"
         x, y = bpt / 1024, r["ppl_increase_pct"]
         ax.scatter(x, y, color=colour, marker="s" if r["policy"] else "o")
-        ax.annotate(label, (x, y), fontsize=7, xytext=(4, 6 if i % 2 else -10), textcoords="offset points")
+        ax.annotate(label, (x, y), fontsize=7, xytext=(5, (6, -11, 14)[i % 3]), textcoords="offset points")
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(-0.5, max([r["ppl_increase_pct"] for r in rows] + [1.0]) * 2.5)
     ax.set_xlabel("stored KV per token of context (KiB; squares: eviction to a budget)")
     ax.set_ylabel(f"perplexity increase vs {data['baseline']} KV (%)")
     ax.set_title(f"{data['model']}: hafiza (blue), transformers (orange)", fontsize=9)
