@@ -207,8 +207,10 @@ async def _session(client: httpx.AsyncClient, cfg: serve_bench.Config, model: st
 async def _load(url: str, cfg: serve_bench.Config) -> dict[str, Any]:
     system = ("You are a helpful assistant for a shared knowledge base. "
               f"{serve_bench._words(random.Random(7), cfg.system_words)}")
-    async with httpx.AsyncClient(base_url=url, timeout=1800,
-                                 limits=httpx.Limits(max_connections=cfg.sessions + 4)) as client:
+    # A fresh connection per request: under this load llama-server (cpp-httplib) closed kept-alive connections
+    # and the next request on one failed with "Server disconnected without sending a response".
+    limits = httpx.Limits(max_connections=cfg.sessions + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
         models = (await client.get("/v1/models")).json()
         model = models["data"][0]["id"]
         t0 = time.perf_counter()
@@ -391,7 +393,7 @@ def print_tables(data: dict[str, Any], console: Any) -> None:
         used = [c for c in cols if any(c in r for r in rows)]
         table = Table(title=f"llama.cpp vs hafiza: {title}")
         for c in used:
-            table.add_column(c, justify="left" if c == "system" else "right", no_wrap=c == "system")
+            table.add_column(c, justify="left" if c == "system" else "right")
         for r in rows:
             table.add_row(*[_cell(r.get(c)) for c in used])
         console.print(table)

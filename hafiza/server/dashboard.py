@@ -68,7 +68,7 @@ class Monitor:
     """What the dashboard keeps per engine: the prefix index and the live rates (both fed by step listeners)."""
 
     def __init__(self, aengine: AsyncEngine) -> None:
-        self.aengine = aengine
+        self.engine = aengine.engine  # not the AsyncEngine: it keys the weak registry below
         self.prefixes = PrefixIndex(aengine.engine)
         self.rates = LiveRates()
         aengine.step_listeners.append(self._observe)
@@ -103,7 +103,7 @@ class Monitor:
         """The engine's TieredStore, if `hafiza serve` attached one (found through the engine's connector)."""
         from hafiza.store.tiered import TieredStore
 
-        store = getattr(self.aengine.engine.connector, "store", None)
+        store = getattr(self.engine.connector, "store", None)
         return store if isinstance(store, TieredStore) else None
 
 
@@ -190,7 +190,7 @@ async def drop_prefix(request: Request, prefix_id: str, include_shared: bool = F
         report, hashes = await _on_engine(request, lambda e: mon.prefixes.drop(prefix_id, include_shared))
     except KeyError as exc:
         raise ApiError(404, f"no cached prefix {prefix_id!r} (already evicted?)", code="not_found") from exc
-    connector = mon.aengine.engine.connector
+    connector = mon.engine.connector
     if tiers and mon.store() is not None:
         report["deleted_from_tiers"] = await asyncio.to_thread(delete_from_tiers, connector, hashes)
     return report
