@@ -167,12 +167,50 @@ def _kill(proc: subprocess.Popen, out: Outcome) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def write_docs(outcomes: list[Outcome], docs: Path, quick: bool, invocation: str, conditions: str = "") -> Path:
+@dataclass
+class Run:
+    """One `bench all` invocation: what ran, how, under which conditions; saved as DIR/suite.json."""
+
+    outcomes: list[Outcome]
+    quick: bool
+    invocation: str
+    conditions: str
+    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M %Z"))
+
+    def save(self, json_dir: Path) -> Path:
+        path = json_dir / "suite.json"
+        path.write_text(json.dumps({
+            "quick": self.quick, "invocation": self.invocation, "conditions": self.conditions, "date": self.date,
+            "machine": machine(),
+            "runs": [{"name": o.bench.name, "argv": o.argv, "seconds": o.seconds, "returncode": o.returncode,
+                      "timed_out": o.timed_out, "log_tail": o.log_tail} for o in self.outcomes]}, indent=1))
+        return path
+
+    @classmethod
+    def load(cls, json_dir: Path) -> Run:
+        """The last run recorded in DIR/suite.json, each benchmark's JSON read back from DIR."""
+        path = json_dir / "suite.json"
+        if not path.exists():
+            raise HafizaError(f"no {path}: run `hafiza bench all` first (--render-only redraws its results)")
+        saved = json.loads(path.read_text())
+        benches = {b.name: b for b in BENCHES}
+        outcomes = []
+        for r in saved["runs"]:
+            out = Outcome(benches[r["name"]], r["argv"], json_dir / f"{r['name']}.json", json_dir / f"{r['name']}.log",
+                          r["seconds"], r["returncode"], r["timed_out"], log_tail=r["log_tail"])
+            if out.returncode == 0 and out.json_path.exists():
+                out.data = json.loads(out.json_path.read_text())
+            outcomes.append(out)
+        return cls(outcomes, saved["quick"], saved["invocation"], saved["conditions"], saved["date"])
+
+
+def write_docs(outcomes: list[Outcome], docs: Path, quick: bool, invocation: str, conditions: str = "",
+               date: str | None = None) -> Path:
     """Rewrite the regions of the benchmarks that ran (and the suite summary) in DOCS/BENCHMARKS.md."""
     path = docs / "BENCHMARKS.md"
     doc = path.read_text() if path.exists() else "# Benchmarks\n"
     ctx = Context({o.bench.name: o.data for o in outcomes if o.ok}, docs, quick, machine(),
-                  time.strftime("%Y-%m-%d %H:%M %Z"), conditions)
+                  date or time.strftime("%Y-%m-%d %H:%M %Z"), conditions)
     for o in outcomes:
         doc = replace_region(doc, o.bench.region, region_body(o, ctx))
     doc = replace_region(doc, SUMMARY, summary_body(outcomes, ctx, invocation))
@@ -223,8 +261,16 @@ def register(bench_app: typer.Typer) -> None:
         omp_wait_policy: Annotated[str, typer.Option(help="OpenMP waiting in the benchmarks: auto (passive when the "
                                                           "load average exceeds half the cores), passive, active "
                                                           "or inherit.")] = "auto",
+        render_only: Annotated[bool, typer.Option("--render-only", help="Run nothing: redraw the docs from the "
+                                                                          "last run's results in --json-dir.")
+                               ] = False,
     ) -> None:
         """Every benchmark with its peers, then docs/BENCHMARKS.md tables and PNG plots."""
+        if render_only:
+            run = Run.load(json_dir)
+            path = write_docs(run.outcomes, docs, run.quick, run.invocation, run.conditions, run.date)
+            print(f"wrote {path} from the results of `{run.invocation}` ({run.date})")
+            return
         names = [b.name for b in BENCHES]
         chosen = [s.strip() for s in only.split(",")] if only else names
         left_out = {s.strip() for s in skip.split(",")} if skip else set()
@@ -242,7 +288,9 @@ def register(bench_app: typer.Typer) -> None:
                     and b.name not in left_out]
         invocation = "hafiza bench all " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "all"] else \
             "hafiza bench all"
-        path = write_docs(outcomes, docs, quick, invocation.strip(), conditions)
+        run = Run(outcomes, quick, invocation.strip(), conditions)
+        run.save(json_dir)
+        path = write_docs(outcomes, docs, quick, run.invocation, conditions, run.date)
         failed = [o.bench.name for o in outcomes if not o.ok]
         print(f"wrote {path} ({len(outcomes) - len(failed)} of {len(outcomes)} benchmarks ran"
               + (f"; failed: {', '.join(failed)}" if failed else "") + ")")

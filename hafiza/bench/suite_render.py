@@ -183,6 +183,18 @@ def _serve_row(label: str, r: dict[str, Any]) -> list[str]:
             f"{r['wall_s']:.0f} s"]
 
 
+def _short_label(system: str) -> str:
+    """A two-line x label for a server row."""
+    if system.startswith("hafiza serve ("):
+        return "hafiza serve\n" + system[len("hafiza serve ("):].rstrip(")")
+    if "llama-server" in system:
+        slots = system.split("(", 1)[1].split(" ")[0] if "(" in system else "?"
+        return f"llama-server\n{slots} slots"
+    if "llama_cpp.server" in system:
+        return "llama_cpp.server\n1 slot"
+    return system[:18]
+
+
 def render_serve(data: dict[str, Any], ctx: Context) -> str:
     cfg, res = data["config"], data["results"]
     rows = [_serve_row(f"hafiza serve ({cfg['api']} API)", res)]
@@ -209,14 +221,14 @@ def render_serve(data: dict[str, Any], ctx: Context) -> str:
 
     def draw(fig: Any) -> None:
         ax1, ax2 = fig.subplots(1, 2)
-        names = [n.replace(" (", "\n(") for n, _ in ok]
+        names = [_short_label(n) for n, _ in ok]
         ax1.bar(range(len(ok)), [r["ttft_p50_s"] for _, r in ok], label="p50")
         ax1.scatter(range(len(ok)), [r["ttft_p99_s"] for _, r in ok], color="black", marker="_", s=200, label="p99")
-        ax1.set_xticks(range(len(ok)), names, fontsize=6)
+        ax1.set_xticks(range(len(ok)), names, fontsize=7)
         ax1.set_ylabel("TTFT (s)")
         ax1.legend(fontsize=7)
         ax2.bar(range(len(ok)), [r["aggregate_tok_s"] for _, r in ok], color="tab:green")
-        ax2.set_xticks(range(len(ok)), names, fontsize=6)
+        ax2.set_xticks(range(len(ok)), names, fontsize=7)
         ax2.set_ylabel("aggregate output tokens/s")
 
     _plot(ctx.docs / "bench_serve.png", draw, (7.5, 3.4))

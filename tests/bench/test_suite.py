@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from hafiza.bench.markdown import Region
-from hafiza.bench.suite import BENCHES, Bench, Outcome, run_one, write_docs
+from hafiza.bench.suite import BENCHES, Bench, Outcome, Run, run_one, write_docs
 
 DATA = Path(__file__).parent / "data"
 PROSE = """# Benchmarks
@@ -97,3 +97,18 @@ def test_a_real_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert done.data["requests"] == 2
     body = region(write_docs([done], tmp_path, quick=True, invocation="x").read_text(), "memory")
     assert f"| 2 | 48 | 16 | {done.data['paged_waste_pct']:.1f} % |" in body
+
+
+def test_render_only_redraws_the_last_run(tmp_path: Path) -> None:
+    for name in ("cache", "llamacpp"):
+        (tmp_path / f"{name}.json").write_text((DATA / f"{name}.json").read_text())
+    outcomes = [outcome("cache", json.loads((DATA / "cache.json").read_text())), outcome("llamacpp", None, 1)]
+    outcomes[1].log_tail = ["RuntimeError: boom\n"]
+    Run(outcomes, quick=True, invocation="hafiza bench all --quick", conditions="load average 0.1 on 2 cores",
+        date="2026-01-02 03:04 UTC").save(tmp_path)
+    run = Run.load(tmp_path)
+    assert [o.ok for o in run.outcomes] == [True, False] and run.outcomes[0].data == outcomes[0].data
+    doc = write_docs(run.outcomes, tmp_path, run.quick, run.invocation, run.conditions, run.date).read_text()
+    assert "on 2026-01-02 03:04 UTC" in region(doc, "cache") and "load average 0.1 on 2 cores" in doc
+    assert "**Did not run**: exit status 1: `RuntimeError: boom`" in region(doc, "llamacpp")
+    assert "`hafiza bench llamacpp` did not run or failed" in region(doc, "cache")
