@@ -6,11 +6,13 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 RESULTS_DIR = Path("bench/results")
@@ -48,3 +50,18 @@ def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
         result = fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), result
+
+
+def wait_http(proc: subprocess.Popen, url: str, name: str, timeout_s: float = 600) -> None:
+    """Poll `url` until it answers 200; fail with `name` as soon as the server process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with status {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{name} did not answer within {timeout_s:.0f} s")

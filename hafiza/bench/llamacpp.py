@@ -30,7 +30,7 @@ import httpx
 import typer
 
 from hafiza.bench import serve as serve_bench
-from hafiza.bench.common import write_json
+from hafiza.bench.common import wait_http, write_json
 
 NEW_TOKENS = 64
 QUICK_ARGS = ("--contexts", "64", "--repeats", "1", "--system-tokens", "160", "--sessions", "2", "--turns", "1",
@@ -231,27 +231,13 @@ async def _load(url: str, cfg: serve_bench.Config) -> dict[str, Any]:
             "turns": turns}
 
 
-def _wait_http(proc: subprocess.Popen, url: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server did not answer within {timeout_s:.0f} s")
-
-
 def run_llama_server(cmd: list[str], port: int, cfg: serve_bench.Config, log: Path) -> dict[str, Any]:
     """Start llama.cpp's server (listening on `port`), run the load against it, stop it."""
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_http(proc, url)
+            wait_http(proc, f"{url}/v1/models", "the server", timeout_s=300)
             return asyncio.run(_load(url, cfg))
         finally:
             proc.terminate()

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from hafiza.bench.common import machine, write_json
+from hafiza.bench.common import machine, wait_http, write_json
 
 WORDS = ["cache", "memory", "block", "prefix", "token", "engine", "attention", "layer", "value", "key", "model",
          "server", "request", "stream", "batch", "queue", "latency", "budget", "store", "tier", "disk", "redis", "ram",
@@ -171,20 +171,6 @@ async def _run(url: str, cfg: Config) -> dict[str, Any]:
     }
 
 
-def _wait_up(proc: subprocess.Popen, url: str, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"hafiza serve exited with status {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("hafiza serve did not come up")
-
-
 def run_bench(cfg: Config) -> dict[str, Any]:
     """Start a server, run the sessions against it, stop it; returns the figures."""
     from hafiza.server.launch import free_port
@@ -194,7 +180,7 @@ def run_bench(cfg: Config) -> dict[str, Any]:
     proc = subprocess.Popen(cmd)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_up(proc, url)
+        wait_http(proc, f"{url}/health", "hafiza serve")
         return asyncio.run(_run(url, cfg))
     finally:
         proc.terminate()
