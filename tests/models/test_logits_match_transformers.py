@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
+from hafiza.bench.peers import transformers_model as hf_reference_from_loaded
 from hafiza.cache.kv_cache import KVCache, KVLayout
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.engine.runner import ModelRunner
 from hafiza.engine.scheduler import ScheduledBatch
 from hafiza.engine.sequence import Sequence
 from hafiza.models import LoadedModel, load_model
-from hafiza.bench.peers import transformers_model as hf_reference_from_loaded
 from tests.support.models import hf_reference
 
 TOL = 1e-4
@@ -32,7 +32,8 @@ def paged_logits(lm: LoadedModel, prompt: list[int], steps: int, block_size: int
     runner = ModelRunner(lm.model, kv, block_size, fresh_kv_exact=True)
     table = list(range(n_blocks + 3))
     random.Random(0).shuffle(table)
-    seq = Sequence("t", list(prompt), len(prompt), SamplingParams(), block_table=table[:n_blocks])
+    seq = Sequence("t", list(prompt), len(prompt), SamplingParams(), block_table=table[:n_blocks],
+                   block_logical=list(range(n_blocks)))
     out = []
     n = len(prompt)
     for _ in range(steps + 1):
