@@ -64,7 +64,7 @@ BENCHES: tuple[Bench, ...] = (
           Region("codec", 5, "Lossless KV codec"), plot_option=True),
     Bench("tiers", ("bench", "tiers"), ("--tokens", "1024", "--repeats", "3"),
           ("--tokens", "64", "--repeats", "1", "--codecs", "raw,zstd"), Region("tiers", 6, "Tiered KV store")),
-    Bench("quality", ("bench", "quality"), ("--tokens", "1024", "--points", "2", "--gen", "32"),
+    Bench("quality", ("bench", "quality"), ("--tokens", "1024", "--points", "2", "--gen", "32", "--budget", "256"),
           ("--tokens", "96", "--points", "1", "--gen", "4", "--formats", "bf16,int8", "--policies", "streaming",
            "--budget", "64", "--no-peer"), Region("quality", 7, "Lossy KV formats and eviction"), plot_option=True),
     Bench("llamacpp", ("bench", "llamacpp"), ("--servers", "both"), llamacpp.QUICK_ARGS,
