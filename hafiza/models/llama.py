@@ -28,9 +28,27 @@ class LayerWeights:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32 and cast back, exactly as Hugging Face's LlamaRMSNorm."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)  # the fused op; bit-identical in fp32
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+FEW_ROWS = 16
+
+
+def cpu_fp32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T for fp32 on the CPU, same values as F.linear. For up to FEW_ROWS rows (decode) MKL runs F.linear's
+    matrix-vector form on one thread only; splitting the weight's rows into one slice per thread and running
+    the slices as a batched matmul streams it up to 1.6x faster (docs/ENGINE.md). Prefill takes F.linear."""
+    rows, (out_features, in_features) = x.shape[0], w.shape
+    parts = torch.get_num_threads()
+    if rows > FEW_ROWS or parts < 2 or out_features % parts:
+        return F.linear(x, w, bias)
+    slices = w.view(parts, out_features // parts, in_features).transpose(1, 2)
+    out = torch.bmm(x.unsqueeze(0).expand(parts, rows, in_features), slices).transpose(0, 1).reshape(rows, -1)
+    return out if bias is None else out + bias
 
 
 class LlamaModel:
@@ -72,6 +90,7 @@ class LlamaModel:
             raise ModelLoadError("q/k/v projection shapes do not match the config's heads and head_dim")
         self.rope = RotaryEmbedding(c, dtype, device, weights.get("rope_freqs"))
         self.q_size, self.kv_size = expect_q, c.num_kv_heads * c.head_dim
+        self.linear = cpu_fp32_linear if dtype == torch.float32 and device.type == "cpu" else F.linear
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -83,20 +102,20 @@ class LlamaModel:
         t = x.shape[0]
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = self.linear(h, lw.qkv, lw.qkv_bias)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = apply_rope(q.view(t, c.num_heads, c.head_dim), cos, sin)
             k = apply_rope(k.view(t, c.num_kv_heads, c.head_dim), cos, sin)
             v = v.view(t, c.num_kv_heads, c.head_dim)
             kv.write(i, meta.slot_mapping, k, v)
             attn = paged_attention(i, q, k, v, kv, meta)
-            x = x + F.linear(attn.view(t, self.q_size), lw.o)
+            x = x + self.linear(attn.view(t, self.q_size), lw.o)
             h = rms_norm(x, lw.post_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, lw.down)
+            gate, up = self.linear(h, lw.gate_up).chunk(2, dim=-1)
+            x = x + self.linear(F.silu(gate) * up, lw.down)
         return rms_norm(x, self.norm, c.rms_norm_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits in fp32 for the selected hidden rows."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.linear(hidden, self.lm_head).float()
