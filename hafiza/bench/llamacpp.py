@@ -14,7 +14,6 @@ the JSON says why and no number is made up.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import shutil
@@ -160,33 +159,6 @@ def server_command(kind: str, binary: str | None, model: Path, port: int, slots:
             str(threads), "--interrupt_requests", "False"]
 
 
-async def _llama_turn(client: httpx.AsyncClient, model: str, system: str, messages: list[dict],
-                      max_tokens: int) -> tuple[float, str, int, int | None, int]:
-    """One streamed OpenAI chat turn; output tokens from usage, or counted as content chunks where the server
-    sends no usage (llama.cpp streams one token per chunk)."""
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "system", "content": system}, *messages]}
-    t0 = time.perf_counter()
-    ttft, text, chunks, prompt, cached, out = 0.0, [], 0, 0, None, None
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices", []):
-                if (choice.get("delta") or {}).get("content"):
-                    ttft = ttft or time.perf_counter() - t0
-                    text.append(choice["delta"]["content"])
-                    chunks += 1
-            usage = chunk.get("usage")
-            if usage:
-                prompt, out = usage.get("prompt_tokens", 0), usage.get("completion_tokens")
-                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    return ttft or time.perf_counter() - t0, "".join(text), prompt, cached, out if out is not None else chunks
-
-
 async def _session(client: httpx.AsyncClient, cfg: serve_bench.Config, model: str, system: str, index: int
                    ) -> list[dict]:
     """The turns of `bench serve`'s session `index` (same seeded questions)."""
@@ -197,7 +169,7 @@ async def _session(client: httpx.AsyncClient, cfg: serve_bench.Config, model: st
         messages.append({"role": "user",
                          "content": f"Session {index}, question {t}: {serve_bench._words(rng, cfg.user_words)}?"})
         t0 = time.perf_counter()
-        ttft, text, prompt, cached, out = await _llama_turn(client, model, system, messages, cfg.max_tokens)
+        ttft, text, prompt, cached, out = await serve_bench.openai_turn(client, model, system, messages, cfg.max_tokens)
         turns.append({"session": index, "turn": t, "ttft_s": ttft, "total_s": time.perf_counter() - t0,
                       "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": out})
         messages.append({"role": "assistant", "content": text.strip() or "ok"})
@@ -214,7 +186,7 @@ async def _load(url: str, cfg: serve_bench.Config) -> dict[str, Any]:
         models = (await client.get("/v1/models")).json()
         model = models["data"][0]["id"]
         t0 = time.perf_counter()
-        await _llama_turn(client, model, system, [{"role": "user", "content": "warm-up"}], 1)
+        await serve_bench.openai_turn(client, model, system, [{"role": "user", "content": "warm-up"}], 1)
         cold = time.perf_counter() - t0
         t0 = time.perf_counter()
         sessions = await asyncio.gather(*(_session(client, cfg, model, system, i) for i in range(cfg.sessions)))

@@ -88,33 +88,36 @@ async def _anthropic_turn(client: httpx.AsyncClient, model: str, system: str, me
     return ttft or time.perf_counter() - t0, "".join(text), prompt, cached, out
 
 
-async def _openai_turn(client: httpx.AsyncClient, model: str, system: str, messages: list[dict],
-                       max_tokens: int) -> tuple[float, str, int, int, int]:
+async def openai_turn(client: httpx.AsyncClient, model: str, system: str, messages: list[dict],
+                      max_tokens: int) -> tuple[float, str, int, int | None, int]:
+    """One streamed OpenAI chat turn: (TTFT, text, prompt tokens, cached tokens or None where the server does not
+    report them, output tokens from usage or else counted as content chunks, as llama.cpp streams one per chunk)."""
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "system", "content": system}, *messages]}
     t0 = time.perf_counter()
-    ttft, text, prompt, cached, out = 0.0, [], 0, 0, 0
+    ttft, text, chunks, prompt, cached, out = 0.0, [], 0, 0, None, None
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            for choice in chunk["choices"]:
-                if choice["delta"].get("content"):
+            for choice in chunk.get("choices", []):
+                if (choice.get("delta") or {}).get("content"):
                     ttft = ttft or time.perf_counter() - t0
                     text.append(choice["delta"]["content"])
-            if chunk.get("usage"):
-                u = chunk["usage"]
-                prompt, cached, out = u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], \
-                    u["completion_tokens"]
-    return ttft or time.perf_counter() - t0, "".join(text), prompt, cached, out
+                    chunks += 1
+            usage = chunk.get("usage")
+            if usage:
+                prompt, out = usage.get("prompt_tokens", 0), usage.get("completion_tokens")
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return ttft or time.perf_counter() - t0, "".join(text), prompt, cached, out if out is not None else chunks
 
 
 async def _session(client: httpx.AsyncClient, cfg: Config, model: str, system: str, index: int) -> list[Turn]:
     rng = random.Random(index)
-    ask = _anthropic_turn if cfg.api == "anthropic" else _openai_turn
+    ask = _anthropic_turn if cfg.api == "anthropic" else openai_turn
     messages: list[dict] = []
     turns = []
     for t in range(cfg.turns):
