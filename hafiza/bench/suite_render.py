@@ -110,6 +110,15 @@ def render_cache(data: dict[str, Any], ctx: Context) -> str:
             f" {data['device']}); medians. TTFT = prefill of the context plus the first token.\n\n")
     text += table(["context", "system", "KV cache", "seconds", "decode tok/s", "TTFT", "compute saved"], rows)
     contexts = sorted({r["context"] for r in data["results"]})
+    ratios = []
+    for c in contexts:
+        ours, hf = (next((r for r in data["results"] if r["context"] == c and r["system"] == s and r["cache"]), None)
+                    for s in ("hafiza", "transformers"))
+        if ours and hf and hf["decode_tokens_per_s"] and ours["ttft_s"]:
+            ratios.append(f"context {c}: decode {ours['decode_tokens_per_s'] / hf['decode_tokens_per_s']:.2f}x "
+                          f"transformers', TTFT {hf['ttft_s'] / ours['ttft_s']:.2f}x")
+    if ratios:
+        text += "\n\nhafiza vs transformers (same weights and dtype, same run): " + "; ".join(ratios) + "."
 
     def pick(system: str, cache: bool) -> list[float | None]:
         return [next((r["decode_tokens_per_s"] for r in data["results"] if r["context"] == c
