@@ -39,9 +39,10 @@ FEW_ROWS = 16
 
 
 def cpu_fp32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T for fp32 on the CPU, same values as F.linear. For up to FEW_ROWS rows (decode) MKL runs F.linear's
-    matrix-vector form on one thread only; splitting the weight's rows into one slice per thread and running
-    the slices as a batched matmul streams it up to 1.6x faster (docs/ENGINE.md). Prefill takes F.linear."""
+    """x @ w.T for fp32 on the CPU with F.linear's values (tests/models/test_cpu_linear.py). For up to FEW_ROWS
+    rows (decode) MKL runs F.linear's matrix-vector form on one thread only; splitting the weight's rows into one
+    slice per thread and running the slices as one batched matmul streams it up to 1.6x faster (docs/ENGINE.md).
+    Prefill takes F.linear."""
     rows, (out_features, in_features) = x.shape[0], w.shape
     parts = torch.get_num_threads()
     if rows > FEW_ROWS or parts < 2 or out_features % parts:
