@@ -20,14 +20,18 @@ RESULTS_DIR = Path("bench/results")
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on: CPU model, cores, torch threads, device."""
-    cpu = platform.processor() or "unknown"
+    cpu, flags = platform.processor() or "unknown", set()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+            lines = f.read().splitlines()
+        cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu)
+        flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
     except OSError:
         pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                            "torch": torch.__version__, "python": platform.python_version()}
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    info: dict[str, Any] = {"cpu": cpu, "cpu_isa": " ".join(isa), "cores": os.cpu_count(),
+                            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                            "python": platform.python_version()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info

@@ -29,7 +29,8 @@ class Context:
     def machine_line(self) -> str:
         m = self.machine
         gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
-        return (f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')} with "
+        isa = f" ({m['cpu_isa']})" if m.get("cpu_isa") else ""
+        return (f"{m.get('cpu', '?')}{isa}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')} with "
                 f"{m.get('torch_threads', '?')} threads{gpu}")
 
     @property
