@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from hafiza.cli import app
+from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype
 
 
 @app.command()
@@ -24,12 +25,9 @@ def generate(
     chat: Annotated[bool, typer.Option(help="Wrap the prompt in the model's chat template.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="Compute dtype: fp32 or bf16.")] = "fp32",
-    kv_dtype: Annotated[str, typer.Option(
-        help="KV pool format: auto (bf16), model, fp32, bf16, fp16, or lossy fp8, int8, int4.")] = "auto",
-    eviction: Annotated[str | None, typer.Option(
-        help="Token eviction beyond --kv-budget-tokens: streaming (sinks + recent) or h2o (heavy hitters).")] = None,
-    kv_budget_tokens: Annotated[int | None, typer.Option(
-        help="With --eviction: most KV tokens one sequence keeps.")] = None,
+    kv_dtype: KvDtype = "auto",
+    eviction: Eviction = None,
+    kv_budget_tokens: KvBudgetTokens = None,
 ) -> None:
     """Generate text from PROMPT, streaming it as it is produced."""
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hafiza.cli import app
+from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -29,12 +30,9 @@ def serve(
         help="Model id clients send (default: the model file's stem).")] = None,
     kv_memory: Annotated[str, typer.Option(help="KV pool size: auto, a size (2GiB) or a fraction of free memory.")
                          ] = "auto",
-    kv_dtype: Annotated[str, typer.Option(
-        help="KV pool format: auto (bf16), model, fp32, bf16, fp16, or lossy fp8, int8, int4.")] = "auto",
-    eviction: Annotated[str | None, typer.Option(
-        help="Token eviction beyond --kv-budget-tokens: streaming (sinks + recent) or h2o (heavy hitters).")] = None,
-    kv_budget_tokens: Annotated[int | None, typer.Option(
-        help="With --eviction: most KV tokens one sequence keeps.")] = None,
+    kv_dtype: KvDtype = "auto",
+    eviction: Eviction = None,
+    kv_budget_tokens: KvBudgetTokens = None,
     min_cache_tokens: Annotated[int, typer.Option(
         help="Shortest prefix a cache_control breakpoint caches (shorter ones are ignored, no error).")] = 1024,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -52,8 +50,8 @@ def serve(
     store_disk: Annotated[str | None, typer.Option(
         help="KV store tier on local disk: DIR[:SIZE] (default 10GiB); survives restarts.")] = None,
     store_redis: Annotated[str | None, typer.Option(
-        help="KV store tier shared by instances: redis://host:port[/db] or redis+cluster://host:port "
-             "(?ttl=SECONDS, default 300; ?prefix=).")] = None,
+        help="KV store tier shared by instances: redis://host:port or redis://host:port/DB, or "
+             "redis+cluster://host:port (?ttl=SECONDS, default 300; ?prefix=).")] = None,
     store_codec: Annotated[str, typer.Option(
         help="Lossless codec of stored KV blocks: raw, zstd, exponent or predictive.")] = "zstd",
     store_write_back: Annotated[bool, typer.Option(

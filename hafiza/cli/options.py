@@ -1,0 +1,13 @@
+"""Options that more than one command takes, declared once so their names and help stay the same."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+KvDtype = Annotated[str, typer.Option(
+    help="KV pool format: auto (bf16), model, fp32, bf16, fp16, or lossy fp8, int8, int4.")]
+Eviction = Annotated[str | None, typer.Option(
+    help="Token eviction beyond --kv-budget-tokens: streaming (sinks + recent) or h2o (heavy hitters).")]
+KvBudgetTokens = Annotated[int | None, typer.Option(help="With --eviction: most KV tokens one sequence keeps.")]
