@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -159,26 +158,9 @@ def server_command(kind: str, binary: str | None, model: Path, port: int, slots:
             str(threads), "--interrupt_requests", "False"]
 
 
-async def _session(client: httpx.AsyncClient, cfg: serve_bench.Config, model: str, system: str, index: int
-                   ) -> list[dict]:
-    """The turns of `bench serve`'s session `index` (same seeded questions)."""
-    rng = random.Random(index)
-    messages: list[dict] = []
-    turns = []
-    for t in range(cfg.turns):
-        messages.append({"role": "user",
-                         "content": f"Session {index}, question {t}: {serve_bench._words(rng, cfg.user_words)}?"})
-        t0 = time.perf_counter()
-        ttft, text, prompt, cached, out = await serve_bench.openai_turn(client, model, system, messages, cfg.max_tokens)
-        turns.append({"session": index, "turn": t, "ttft_s": ttft, "total_s": time.perf_counter() - t0,
-                      "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": out})
-        messages.append({"role": "assistant", "content": text.strip() or "ok"})
-    return turns
-
-
 async def _load(url: str, cfg: serve_bench.Config) -> dict[str, Any]:
-    system = ("You are a helpful assistant for a shared knowledge base. "
-              f"{serve_bench._words(random.Random(7), cfg.system_words)}")
+    """`bench serve`'s sessions against a llama.cpp server (OpenAI API), after a 1-token warm-up."""
+    system = serve_bench.system_prompt(cfg)
     # A fresh connection per request: under this load llama-server (cpp-httplib) closed kept-alive connections
     # and the next request on one failed with "Server disconnected without sending a response".
     limits = httpx.Limits(max_connections=cfg.sessions + 4, max_keepalive_connections=0)
@@ -189,18 +171,10 @@ async def _load(url: str, cfg: serve_bench.Config) -> dict[str, Any]:
         await serve_bench.openai_turn(client, model, system, [{"role": "user", "content": "warm-up"}], 1)
         cold = time.perf_counter() - t0
         t0 = time.perf_counter()
-        sessions = await asyncio.gather(*(_session(client, cfg, model, system, i) for i in range(cfg.sessions)))
+        sessions = await asyncio.gather(*(serve_bench.run_session(client, cfg, model, system, i)
+                                          for i in range(cfg.sessions)))
         wall = time.perf_counter() - t0
-    turns = [t for s in sessions for t in s]
-    ttfts = [t["ttft_s"] for t in turns]
-    reported = [t for t in turns if t["cached_tokens"] is not None and t["prompt_tokens"]]
-    return {"cold_prefill_s": cold, "requests": len(turns), "wall_s": wall,
-            "ttft_p50_s": serve_bench._percentile(ttfts, 0.5), "ttft_p99_s": serve_bench._percentile(ttfts, 0.99),
-            "ttft_mean_s": statistics.fmean(ttfts), "output_tokens": sum(t["output_tokens"] for t in turns),
-            "aggregate_tok_s": sum(t["output_tokens"] for t in turns) / wall,
-            "usage_hit_rate": (sum(t["cached_tokens"] for t in reported) / sum(t["prompt_tokens"] for t in reported)
-                               if reported else None),
-            "turns": turns}
+    return {"cold_prefill_s": cold, **serve_bench.summarize([t for s in sessions for t in s], wall)}
 
 
 def run_llama_server(cmd: list[str], port: int, cfg: serve_bench.Config, log: Path) -> dict[str, Any]:

@@ -40,7 +40,7 @@ class Turn:
     ttft_s: float
     total_s: float
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int | None  # None where the server does not report it (llama.cpp)
     output_tokens: int
 
 
@@ -115,7 +115,13 @@ async def openai_turn(client: httpx.AsyncClient, model: str, system: str, messag
     return ttft or time.perf_counter() - t0, "".join(text), prompt, cached, out if out is not None else chunks
 
 
-async def _session(client: httpx.AsyncClient, cfg: Config, model: str, system: str, index: int) -> list[Turn]:
+def system_prompt(cfg: Config) -> str:
+    """The shared system prompt of every session (seeded, so every server gets the same one)."""
+    return f"You are a helpful assistant for a shared knowledge base. {_words(random.Random(7), cfg.system_words)}"
+
+
+async def run_session(client: httpx.AsyncClient, cfg: Config, model: str, system: str, index: int) -> list[Turn]:
+    """Session `index`: `cfg.turns` seeded questions, each sent with the whole conversation so far."""
     rng = random.Random(index)
     ask = _anthropic_turn if cfg.api == "anthropic" else openai_turn
     messages: list[dict] = []
@@ -134,7 +140,7 @@ def _counter(metrics: str, name: str) -> float:
 
 
 async def _run(url: str, cfg: Config) -> dict[str, Any]:
-    system = f"You are a helpful assistant for a shared knowledge base. {_words(random.Random(7), cfg.system_words)}"
+    system = system_prompt(cfg)
     limits = httpx.Limits(max_connections=cfg.sessions + 4)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
@@ -147,12 +153,11 @@ async def _run(url: str, cfg: Config) -> dict[str, Any]:
         await asyncio.sleep(STATS_SETTLE_S)
         before = (await client.get("/metrics")).text
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(_session(client, cfg, model, system, i) for i in range(cfg.sessions)))
+        results = await asyncio.gather(*(run_session(client, cfg, model, system, i) for i in range(cfg.sessions)))
         wall = time.perf_counter() - t0
         await asyncio.sleep(STATS_SETTLE_S)
         after = (await client.get("/metrics")).text
     turns = [t for session in results for t in session]
-    ttfts = [t.ttft_s for t in turns]
     queries = _counter(after, "prefix_cache_queries_total") - _counter(before, "prefix_cache_queries_total")
     hits = _counter(after, "prefix_cache_hits_total") - _counter(before, "prefix_cache_hits_total")
     return {
@@ -160,16 +165,28 @@ async def _run(url: str, cfg: Config) -> dict[str, Any]:
         "cold_prefill_s": cold_s,
         "system_prompt_tokens": warm.json()["usage"]["cache_creation_input_tokens"]
         + warm.json()["usage"]["input_tokens"],
+        **summarize(turns, wall),
+        "server_hit_rate": hits / queries if queries else 0.0,
+    }
+
+
+def summarize(turns: list[Turn], wall: float) -> dict[str, Any]:
+    """The client-side figures of one load run; the usage hit rate counts the turns whose server reported cached
+    tokens (None when none did)."""
+    ttfts = [t.ttft_s for t in turns]
+    output = sum(t.output_tokens for t in turns)
+    reported = [t for t in turns if t.cached_tokens is not None and t.prompt_tokens]
+    return {
         "requests": len(turns),
         "wall_s": wall,
         "ttft_p50_s": _percentile(ttfts, 0.5),
         "ttft_p99_s": _percentile(ttfts, 0.99),
         "ttft_mean_s": statistics.fmean(ttfts),
-        "output_tokens": sum(t.output_tokens for t in turns),
-        "aggregate_tok_s": sum(t.output_tokens for t in turns) / wall,
+        "output_tokens": output,
+        "aggregate_tok_s": output / wall,
         "prompt_tokens": sum(t.prompt_tokens for t in turns),
-        "usage_hit_rate": sum(t.cached_tokens for t in turns) / max(1, sum(t.prompt_tokens for t in turns)),
-        "server_hit_rate": hits / queries if queries else 0.0,
+        "usage_hit_rate": (sum(t.cached_tokens or 0 for t in reported) / sum(t.prompt_tokens for t in reported)
+                           if reported else None),
         "turns": [asdict(t) for t in turns],
     }
 
