@@ -14,20 +14,44 @@ from typing import Any
 
 from hafiza.engine.engine import EngineStats, LLMEngine, RequestOutput
 from hafiza.engine.sampling import SamplingParams
-from hafiza.engine.sequence import CachePin
+from hafiza.engine.sequence import CachePin, Status
 
 log = logging.getLogger("hafiza.engine")
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread failed while running a request (a bug, reported to that request's caller)."""
+    """The engine failed while running a request (a bug, reported to that request's caller). A failure that
+    belongs to one request (its forward or sampling) reaches that request alone; only a failure of the step
+    itself (scheduling, bookkeeping) fails every request in the engine."""
+
+
+class EngineOverloadedError(RuntimeError):
+    """The request was refused before it ran: the waiting queue was full, or it waited past the queue-time
+    limit. `retry_after_s` is a hint for the client."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class AsyncEngine:
-    """Owns the engine thread. Only that thread touches the LLMEngine; everything else goes through commands."""
+    """Owns the engine thread. Only that thread touches the LLMEngine; everything else goes through commands.
 
-    def __init__(self, engine: LLMEngine, stats_interval_s: float = 0.2) -> None:
+    Overload has a shape: with `max_waiting`, a request arriving while that many wait for admission is refused
+    at once; with `max_queue_time_s`, a request not admitted within that time is taken out of the queue. Both
+    reach the caller as EngineOverloadedError. `admission_listeners` get each request's queue time in seconds
+    (arrival to its first scheduled step) on the engine thread."""
+
+    def __init__(self, engine: LLMEngine, stats_interval_s: float = 0.2, max_waiting: int | None = None,
+                 max_queue_time_s: float | None = None) -> None:
+        if max_waiting is not None and max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        if max_queue_time_s is not None and not max_queue_time_s > 0:
+            raise ValueError(f"max_queue_time_s must be > 0, got {max_queue_time_s}")
         self.engine = engine
+        self.max_waiting, self.max_queue_time_s = max_waiting, max_queue_time_s
+        self.admission_listeners: list[Callable[[float], None]] = []
+        self._unadmitted: dict[str, float] = {}  # request id -> arrival time, in arrival order
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
@@ -58,7 +82,8 @@ class AsyncEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        cache_salt: str | None = None, pins: Sequence[CachePin] = ()) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. Raises RequestError before the first output if it can never be served;
-        if the consumer stops early (client disconnect), the request is aborted and its blocks freed."""
+        if the consumer stops early (client disconnect), the request is aborted and its blocks freed. With n > 1
+        the n choices' outputs interleave (`index` tells them apart); the stream ends when all have finished."""
         self.engine.check_request(prompt_ids, params)
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
         loop = asyncio.get_running_loop()
@@ -66,12 +91,14 @@ class AsyncEngine:
         self._streams[rid] = (loop, q)
         self._send("add", (rid, prompt_ids, params, cache_salt, tuple(pins)))
         finished = False
+        unfinished = params.n
         try:
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.finished
+                unfinished -= item.finished
+                finished = unfinished == 0
                 yield item
                 if finished:
                     break
@@ -109,10 +136,19 @@ class AsyncEngine:
                 rid, ids, params, salt, pins = payload
                 if rid not in self._streams:
                     continue  # the caller went away before the request started
+                waiting = len(self.engine.scheduler.waiting)
+                if self.max_waiting is not None and waiting >= self.max_waiting:
+                    oldest = min(self._unadmitted.values(), default=time.monotonic())
+                    self._deliver(rid, EngineOverloadedError(
+                        f"server overloaded: {waiting} requests already wait for admission, the limit is "
+                        f"{self.max_waiting} (--max-waiting)", time.monotonic() - oldest))
+                    continue
                 try:
                     self.engine.add_request(ids, params, request_id=rid, cache_salt=salt, pins=pins)
                 except Exception as exc:  # RequestError races (e.g. duplicate id) go back to the caller
                     self._deliver(rid, exc)
+                    continue
+                self._unadmitted[rid] = self.engine.seqs[rid].arrival_time
             elif kind == "abort":
                 self.engine.abort(payload)
             elif kind == "call":
@@ -126,7 +162,9 @@ class AsyncEngine:
         last_stats = 0.0
         while not self._stop.is_set():
             self._drain_commands()
+            self._expire_queued()
             if self.engine.has_unfinished():
+                step_start = time.monotonic()
                 try:
                     outputs = self.engine.step()
                 except Exception as exc:
@@ -138,14 +176,50 @@ class AsyncEngine:
                         listener(outputs)
                     except Exception:  # a monitoring hook must never stop the engine
                         log.exception("step listener %r failed", listener)
+                self._note_admissions(step_start)
+                if any(out.finished or out.num_output_tokens <= 1 for out in outputs):
+                    self._stats = self.engine.stats()  # /metrics agrees with every response already delivered
                 for out in outputs:
-                    self._deliver(out.request_id, out)
+                    failure = EngineDeadError(f"request failed: {out.error}") if out.error is not None else None
+                    self._deliver(out.request_id, failure or out)
             else:
                 self._wake.wait(0.05)
                 self._wake.clear()
             now = time.monotonic()
             if now - last_stats >= self._stats_interval or not self.engine.has_unfinished():
                 self._stats, last_stats = self.engine.stats(), now
+
+    def _expire_queued(self) -> None:
+        """Take out of the queue every request that has waited past `max_queue_time_s` without being admitted."""
+        if self.max_queue_time_s is None or not self._unadmitted:
+            return
+        now = time.monotonic()
+        for rid, arrival in list(self._unadmitted.items()):
+            if now - arrival <= self.max_queue_time_s:
+                break  # arrival order: the rest waited less
+            del self._unadmitted[rid]
+            seq = self.engine.seqs.get(rid)
+            if seq is None or seq.num_computed > 0:
+                continue
+            self.engine.abort(rid)
+            self._deliver(rid, EngineOverloadedError(
+                f"server overloaded: the request waited {now - arrival:.1f} s without being scheduled, the limit "
+                f"is {self.max_queue_time_s:g} s (--max-queue-time)", self.max_queue_time_s))
+
+    def _note_admissions(self, step_start: float) -> None:
+        """Report the queue time of requests the last step admitted (admission is in arrival order)."""
+        for rid, arrival in list(self._unadmitted.items()):
+            seq = self.engine.seqs.get(rid)
+            if seq is not None and seq.status is Status.WAITING and seq.num_computed == 0:
+                break
+            del self._unadmitted[rid]
+            if seq is None and rid not in self._streams:
+                continue  # aborted while waiting
+            for listener in self.admission_listeners:
+                try:
+                    listener(max(0.0, step_start - arrival))
+                except Exception:  # a monitoring hook must never stop the engine
+                    log.exception("admission listener %r failed", listener)
 
     def _fail_all(self, exc: Exception) -> None:
         for rid in list(self.engine.seqs):

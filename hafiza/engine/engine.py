@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,10 +15,10 @@ from hafiza.cache.block_manager import BlockManager, BlockStats
 from hafiza.cache.memory import kv_memory_bytes
 from hafiza.device import dtype_name
 from hafiza.engine.connector import KVConnector
-from hafiza.engine.output import TextOutput
+from hafiza.engine.output import TextOutput, TokenLogprob, token_logprobs
 from hafiza.engine.runner import ModelRunner
-from hafiza.engine.sampling import SamplingParams, sample
-from hafiza.engine.scheduler import Scheduler, SchedulerConfig
+from hafiza.engine.sampling import SamplingParams, apply_penalties, sample
+from hafiza.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hafiza.engine.sequence import CachePin, Sequence, Status
 from hafiza.errors import RequestError
 from hafiza.models.loader import LoadedModel
@@ -30,6 +32,16 @@ from hafiza.quant.factory import (
     make_kv_cache,
     with_blocks,
 )
+
+if TYPE_CHECKING:
+    from hafiza.engine.grammar import GrammarCompiler
+
+log = logging.getLogger("hafiza.engine")
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice `index` of a seeded request: the request's own for choice 0, distinct for the others."""
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**64
 
 
 def resolve_kv_kind(name: str, model_dtype: torch.dtype) -> str:
@@ -61,7 +73,10 @@ class EngineConfig:
 
 @dataclass
 class RequestOutput:
-    """What one step produced for one request; `text` is the new text since the last output."""
+    """What one step produced for one request; `text` is the new text since the last output. `error` is set (with
+    finish_reason "error") when this request alone failed: its forward or its sampling raised. `index` is the
+    choice (0..n-1) of a request with n choices, each finishing on its own; `logprobs` cover `new_token_ids`;
+    `prompt_logprobs` (one per prompt token, None for the first) come once, on choice 0's first output."""
 
     request_id: str
     new_token_ids: list[int]
@@ -78,6 +93,20 @@ class RequestOutput:
     external_decision: str = ""
     arrival_time: float = 0.0
     first_token_time: float | None = None
+    error: str | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+@dataclass
+class _Group:
+    """The n choices of one request: how many are unfinished, and whether choices 1..n-1 were added yet."""
+
+    n: int
+    remaining: int
+    spawned: bool = False
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -90,6 +119,10 @@ class GenerationResult:
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    error: str | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -150,6 +183,8 @@ class LLMEngine:
         self.extra_keys = (model.fingerprint, self.kv_kind, cfg.block_size)
         self.seqs: dict[str, Sequence] = {}
         self.outputs: dict[str, TextOutput] = {}
+        self.groups: dict[str, _Group] = {}
+        self._grammars: GrammarCompiler | None = None
         self._ids = itertools.count()
         self.prompt_tokens = self.generation_tokens = self.requests_finished = 0
         self.connector: KVConnector | None = None
@@ -163,6 +198,15 @@ class LLMEngine:
     def capacity_tokens(self) -> int:
         return self.layout.num_blocks * self.layout.block_size
 
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The grammar compiler for this model's tokenizer (xgrammar is imported on first use)."""
+        if self._grammars is None:
+            from hafiza.engine.grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.loaded.config.vocab_size)
+        return self._grammars
+
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
@@ -175,6 +219,11 @@ class LLMEngine:
         vocab = self.loaded.config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_ids):
             raise RequestError(f"prompt contains token ids outside the vocabulary [0, {vocab})")
+        bad = [t for t in params.logit_bias if t >= vocab]
+        if bad:
+            raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if params.grammar is not None:
+            self.grammars.compile(params.grammar)
         if n + params.max_tokens > self.max_model_len:
             raise RequestError(
                 f"prompt of {n} tokens + max_tokens {params.max_tokens} = {n + params.max_tokens} exceeds the "
@@ -186,6 +235,14 @@ class LLMEngine:
                 f"{-(-(n + params.max_tokens) // self.layout.block_size)} KV blocks but the pool has "
                 f"{self.layout.num_blocks} ({self.capacity_tokens} tokens); raise --kv-memory"
             )
+        bs = self.layout.block_size
+        shared_blocks = n // bs
+        group_blocks = shared_blocks + params.n * (-(-(n + params.max_tokens) // bs) - shared_blocks)
+        if params.n > 1 and group_blocks > self.layout.num_blocks:
+            raise RequestError(
+                f"n={params.n} choices of a {n}-token prompt with max_tokens {params.max_tokens} need "
+                f"{group_blocks} KV blocks but the pool has {self.layout.num_blocks}; lower n or raise --kv-memory"
+            )
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, cache_salt: str | None = None,
@@ -195,56 +252,192 @@ class LLMEngine:
         ids = self.encode_prompt(prompt)
         self.check_request(ids, params)
         rid = request_id or f"req-{next(self._ids)}"
-        if rid in self.seqs:
+        if rid in self.seqs or rid in self.groups:
             raise RequestError(f"request id {rid!r} is already in use")
         salt = cache_salt if cache_salt is not None else self.config.cache_salt
-        gen = None
-        if not params.greedy and params.seed is not None:
-            gen = torch.Generator().manual_seed(params.seed)
-        seq = Sequence(rid, list(ids), len(ids), params, extra_keys=(*self.extra_keys, salt),
-                       pins=tuple(pins), generator=gen)
-        self.seqs[rid] = seq
-        self.outputs[rid] = TextOutput(self.tokenizer, params.stop)
-        self.scheduler.add(seq)
+        if params.n > 1:
+            self.groups[rid] = _Group(params.n, params.n, cache_salt=salt)
+        self._add_choice(rid, list(ids), params, salt, tuple(pins), 0)
         return rid
 
+    def _add_choice(self, rid: str, ids: list[int], params: SamplingParams, salt: str | None,
+                    pins: tuple[CachePin, ...], index: int) -> None:
+        """Queue choice `index` of request `rid`: choice 0 is sequence `rid`, choice i > 0 is `rid/i`. Choice
+        i > 0 draws from its own seed, derived from the request's, so choices differ and each is reproducible."""
+        sid = rid if index == 0 else f"{rid}/{index}"
+        gen = None
+        if not params.greedy and params.seed is not None:
+            gen = torch.Generator().manual_seed(choice_seed(params.seed, index))
+        grammar = self.grammars.state(params.grammar) if params.grammar is not None else None
+        seq = Sequence(sid, ids, len(ids), params, extra_keys=(*self.extra_keys, salt), pins=pins, generator=gen,
+                       parent_id=rid if params.n > 1 else None, index=index, grammar=grammar)
+        self.seqs[sid] = seq
+        self.outputs[sid] = TextOutput(self.tokenizer, params.stop)
+        self.scheduler.add(seq)
+
+    def _spawn_choices(self, first: Sequence) -> None:
+        """Add choices 1..n-1 once choice 0 has its prompt's K/V: they reuse its full prompt blocks through the
+        prefix cache and compute only the last, partial block themselves."""
+        group = self.groups.get(first.group_id)
+        if group is None or group.spawned:
+            return
+        group.spawned = True
+        prompt = first.token_ids[: first.num_prompt_tokens]
+        for i in range(1, group.n):
+            self._add_choice(first.group_id, list(prompt), first.params, group.cache_salt, first.pins, i)
+
     def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks; returns False if it was not (or no longer) running."""
-        seq = self.seqs.pop(request_id, None)
-        self.outputs.pop(request_id, None)
-        if seq is None:
-            return False
-        self.scheduler.remove(seq)
-        seq.finish_reason = "abort"
-        return True
+        """Stop a request (all its choices) and free its blocks; returns False if it was not (or no longer)
+        running."""
+        group = self.groups.pop(request_id, None)
+        ids = [request_id, *(f"{request_id}/{i}" for i in range(1, group.n if group else 1))]
+        found = False
+        for sid in ids:
+            seq = self.seqs.pop(sid, None)
+            self.outputs.pop(sid, None)
+            if seq is not None:
+                self.scheduler.remove(seq)
+                seq.finish_reason = "abort"
+                found = True
+        return found
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run one forward, sample, and report every request that produced output or finished."""
+        """Schedule, run one forward, sample, and report every request that produced output or finished.
+        A request whose forward or sampling raises finishes with `error`; its batch-mates go on unchanged."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
         t0 = time.perf_counter()
-        logits, last = self.runner.execute(batch)
-        sampling = [s for s, i in zip(batch.seqs, last, strict=True) if i >= 0]
-        tokens: list[int] = []
-        if logits is not None:
-            tokens = sample(logits, [s.params for s in sampling], [s.generator for s in sampling])
+        rows, failed = self._forward(batch)
+        sampling = [s for s in batch.seqs if s.request_id in rows]
+        sampled: dict[str, int] = {}
+        if sampling:
+            sampled = self._sample(torch.cat([rows[s.request_id] for s in sampling]), sampling, failed)
         if self.connector is not None:
             self._observe_prefill(batch.num_new, time.perf_counter() - t0)
-        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
-            seq.num_computed += n
-            self._cache_full_blocks(seq)
         outputs = []
         now = time.monotonic()
-        sampled = dict(zip((s.request_id for s in sampling), tokens, strict=True))
-        for seq in batch.seqs:
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            if seq.request_id in failed:
+                outputs.append(self._fail(seq, failed[seq.request_id]))
+                continue
+            seq.num_computed += n
+            self._cache_full_blocks(seq)
             out = self._advance(seq, sampled.get(seq.request_id), now)
             if out is not None:
                 outputs.append(out)
         return outputs
+
+    def _forward(self, batch: ScheduledBatch) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Logits [1, V] of every sequence that samples this step, and the errors of those whose forward failed.
+        If the batch's forward raises, each sequence runs alone (attention and linears are row-invariant, so
+        its values do not change) and only those that fail again are failed."""
+        try:
+            return self._rows(batch, *self._execute(batch)), {}
+        except Exception as exc:
+            if len(batch.seqs) == 1:
+                log.exception("forward of request %s failed", batch.seqs[0].request_id)
+                return {}, {batch.seqs[0].request_id: f"forward failed: {exc}"}
+        rows: dict[str, torch.Tensor] = {}
+        failed: dict[str, str] = {}
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            alone = ScheduledBatch([seq], [n])
+            try:
+                rows |= self._rows(alone, *self._execute(alone))
+            except Exception as exc:
+                log.exception("forward of request %s failed", seq.request_id)
+                failed[seq.request_id] = f"forward failed: {exc}"
+        return rows, failed
+
+    @staticmethod
+    def _rows(batch: ScheduledBatch, logits: torch.Tensor | None, last: list[int]) -> dict[str, torch.Tensor]:
+        sampling = [s.request_id for s, i in zip(batch.seqs, last, strict=True) if i >= 0]
+        return {} if logits is None else {rid: logits[i : i + 1] for i, rid in enumerate(sampling)}
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[str, str]) -> dict[str, int]:
+        """One token per sequence. If sampling the batch raises, the seeded generators are rewound and each row
+        is sampled alone, so a request whose sampling fails is added to `failed` and the others draw as before."""
+        states = [s.generator.get_state() if s.generator is not None else None for s in seqs]
+        try:
+            return dict(zip((s.request_id for s in seqs), self._sample_rows(logits, seqs), strict=True))
+        except Exception:
+            pass
+        for seq, state in zip(seqs, states, strict=True):
+            if seq.generator is not None and state is not None:
+                seq.generator.set_state(state)
+        out: dict[str, int] = {}
+        for i, seq in enumerate(seqs):
+            try:
+                out[seq.request_id] = self._sample_rows(logits[i : i + 1], [seq])[0]
+            except Exception as exc:
+                log.exception("sampling for request %s failed", seq.request_id)
+                failed[seq.request_id] = f"sampling failed: {exc}"
+        return out
+
+    @staticmethod
+    def _sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Penalties and bias, then each grammar's mask, then sampling; the sampled tokens' logprobs come from
+        the raw `logits` (the model's own distribution)."""
+        params = [s.params for s in seqs]
+        processed = apply_penalties(logits, params, [s.token_ids for s in seqs], [s.num_prompt_tokens for s in seqs])
+        for i, seq in enumerate(seqs):
+            if seq.grammar is not None:
+                if processed is logits:
+                    processed = logits.clone()
+                seq.grammar.mask_(processed[i])
+        tokens = sample(processed, params, [s.generator for s in seqs])
+        for i, seq in enumerate(seqs):
+            k = seq.params.logprobs
+            seq.pending_logprob = None if k is None else token_logprobs(logits[i : i + 1], [tokens[i]], k)[0]
+        return tokens
+
+    def _execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
+        """The runner's forward; sequences that want prompt logprobs also get every position's logits, recorded
+        here."""
+        wants = [s.needs_prompt_logits for s in batch.seqs]
+        if not any(wants):
+            return self.runner.execute(batch)
+        logits, last, spans = self.runner.execute_all(batch, wants)
+        for seq, n, span in zip(batch.seqs, batch.num_new, spans, strict=True):
+            if span is not None:
+                self._record_prompt_logprobs(seq, n, span)
+        return logits, last
+
+    @staticmethod
+    def _record_prompt_logprobs(seq: Sequence, n: int, logits: torch.Tensor) -> None:
+        """Row j of `logits` (position num_computed + j) gives the logprob of the prompt token after it."""
+        start, k = seq.num_computed, seq.params.prompt_logprobs or 0
+        if start == 0:
+            seq.prompt_logprobs = [None]
+        if len(seq.prompt_logprobs) < start + 1:
+            return  # positions before `start` came from a cache: cannot happen while they are needed
+        del seq.prompt_logprobs[start + 1 :]
+        last = min(start + n, seq.num_prompt_tokens - 1)
+        if last > start:
+            targets = seq.token_ids[start + 1 : last + 1]
+            seq.prompt_logprobs += token_logprobs(logits[: last - start], targets, k)
+
+    def _fail(self, seq: Sequence, error: str) -> RequestOutput:
+        """Finish one request with an error, free its blocks, and cache none of its (possibly partial) K/V."""
+        seq.finish_reason = "error"
+        self.scheduler.remove(seq)
+        self.seqs.pop(seq.request_id, None)
+        self.outputs.pop(seq.request_id, None)
+        self.requests_finished += 1
+        if seq.group_id in self.groups:
+            self.groups[seq.group_id].remaining -= 1
+            if self.groups[seq.group_id].remaining <= 0:
+                self.groups.pop(seq.group_id)
+        return RequestOutput(
+            request_id=seq.group_id, index=seq.index, new_token_ids=[], text="", finished=True,
+            finish_reason="error",
+            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens or 0,
+            num_output_tokens=seq.num_output_tokens, arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time, error=error,
+        )
 
     def _observe_prefill(self, num_new: list[int], seconds: float) -> None:
         """Tell the KV tiers' cost model how fast prefill runs here (recompute is the alternative to a load)."""
@@ -282,6 +475,8 @@ class LLMEngine:
         if seq.num_computed == seq.num_tokens and p.max_tokens == 0:
             seq.finish_reason = "length"
         elif token is not None:
+            if seq.grammar is not None and not seq.grammar.accept(token):
+                return self._fail(seq, f"sampled token {token} is not allowed by the request's grammar")
             if seq.first_token_time is None:
                 seq.first_token_time = now
             seq.token_ids.append(token)
@@ -293,10 +488,19 @@ class LLMEngine:
                 text = text_out.add(token)
                 if text_out.stop_sequence is not None:
                     seq.finish_reason, seq.stop_sequence = "stop_sequence", text_out.stop_sequence
+                elif seq.grammar is not None and seq.grammar.done:
+                    seq.finish_reason = "stop"
                 elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                     seq.finish_reason = "length"
         else:
             return None
+        if seq.index == 0 and p.n > 1:
+            self._spawn_choices(seq)
+        prompt_logprobs = None
+        if seq.index == 0 and p.prompt_logprobs is not None and seq.num_output_tokens <= len(new):
+            prompt_logprobs = list(seq.prompt_logprobs)
+        logprobs = [seq.pending_logprob] if new and seq.pending_logprob is not None else []
+        seq.pending_logprob = None
         finished = seq.finish_reason is not None
         if finished:
             text += text_out.flush() if seq.stop_sequence is None else ""
@@ -305,8 +509,14 @@ class LLMEngine:
             self.outputs.pop(seq.request_id, None)
             self.prompt_tokens += seq.num_prompt_tokens
             self.requests_finished += 1
+            group = self.groups.get(seq.group_id)
+            if group is not None:
+                group.remaining -= 1
+                if group.remaining <= 0:
+                    self.groups.pop(seq.group_id)
         return RequestOutput(
-            request_id=seq.request_id, new_token_ids=new, text=text, finished=finished,
+            request_id=seq.group_id, index=seq.index, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            new_token_ids=new, text=text, finished=finished,
             finish_reason=seq.finish_reason, stop_sequence=seq.stop_sequence,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens or 0,
             num_output_tokens=seq.num_output_tokens, pinned_tokens=seq.pinned_tokens,
@@ -317,23 +527,27 @@ class LLMEngine:
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  ) -> list[GenerationResult]:
-        """Run prompts to completion (continuous batching across them); results in prompt order."""
+        """Run prompts to completion (continuous batching across them); results in prompt order, a prompt's n
+        choices in index order."""
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-        acc: dict[str, tuple[list[int], list[str]]] = {i: ([], []) for i in ids}
-        done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids):
+        rids = [(self.add_request(p, sp), sp.n) for p, sp in zip(prompts, plist, strict=True)]
+        keys = [(rid, i) for rid, n in rids for i in range(n)]
+        acc: dict[tuple[str, int], GenerationResult] = {
+            k: GenerationResult(k[0], "", [], None, 0, 0, index=k[1]) for k in keys}
+        done = 0
+        while done < len(keys):
             for out in self.step():
-                toks, texts = acc[out.request_id]
-                toks += out.new_token_ids
-                texts.append(out.text)
+                res = acc[(out.request_id, out.index)]
+                res.token_ids += out.new_token_ids
+                res.text += out.text
+                res.logprobs += out.logprobs
+                if out.prompt_logprobs is not None:
+                    res.prompt_logprobs = out.prompt_logprobs
                 if out.finished:
-                    done[out.request_id] = out
-        return [
-            GenerationResult(i, "".join(acc[i][1]), acc[i][0], done[i].finish_reason, done[i].num_prompt_tokens,
-                             done[i].num_cached_tokens)
-            for i in ids
-        ]
+                    res.finish_reason, res.error = out.finish_reason, out.error
+                    res.num_prompt_tokens, res.num_cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+                    done += 1
+        return [acc[k] for k in keys]
 
     def stats(self) -> EngineStats:
         """A snapshot of memory use and counters."""
