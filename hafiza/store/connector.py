@@ -18,7 +18,6 @@ block gets `default_ttl_s` (5 min, the API's default cache TTL).
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -31,13 +30,13 @@ import torch
 from hafiza.engine.connector import ExternalHit, KVConnector
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, check_codec, decode_block, encode_block
 from hafiza.store.keys import block_key
+from hafiza.store.logs import store_log
 from hafiza.store.redis_store import DEFAULT_TTL_S
 from hafiza.store.tiered import TieredStore
 
 if TYPE_CHECKING:
     from hafiza.engine.engine import LLMEngine
 
-log = logging.getLogger("hafiza.store")
 
 PinTTL = Callable[[int], "float | None"]
 
@@ -63,6 +62,7 @@ class ConnectorStats:
     loads: int = 0
     blocks_loaded: int = 0
     blocks_corrupt: int = 0
+    lookup_errors: int = 0
     pending_bytes: int = 0
     decisions: dict[str, int] = field(default_factory=lambda: {"load": 0, "recompute": 0, "miss": 0})
 
@@ -170,7 +170,8 @@ class StoreConnector(KVConnector):
         try:
             job = _Save(self.key(block_hash), self.pool.read_blocks([block_id])[:, :, 0], self._ttl(block_id))
         except Exception:
-            log.exception("store: cannot copy block %d out of the pool; not saved", block_id)
+            store_log.error(f"connector {id(self)} copy", "store: cannot copy block %d out of the pool; not saved",
+                            block_id, exc_info=True)  # fmt: skip
             return
         with self._lock:
             if self._queued and self.stats.pending_bytes + job.nbytes > self.max_pending_bytes:
@@ -208,7 +209,8 @@ class StoreConnector(KVConnector):
                 self.store.put_async(job.key, blob, ttl_s=job.ttl_s, raw_nbytes=job.nbytes)
             except Exception:
                 self.stats.encode_errors += 1
-                log.exception("store: encoding block %s failed; not saved", job.key)
+                store_log.error(f"connector {id(self)} encode", "store: encoding block %s failed; not saved", job.key,
+                                exc_info=True)  # fmt: skip
             finally:
                 with self._lock:
                     self._queued -= 1
@@ -219,11 +221,25 @@ class StoreConnector(KVConnector):
     # -- lookup and load: engine thread, at admission ------------------------------------------------------
 
     def lookup(self, hashes: Sequence[str]) -> ExternalHit:
-        """The tiers' longest run of `hashes` and whether loading it beats recomputing."""
+        """The tiers' longest run of `hashes` and whether loading it beats recomputing.
+
+        Runs on the engine thread, so it never raises: any failure is a miss (the request recomputes).
+        """
         self.stats.lookups += 1
         self._pending = None
         if not hashes or self._closed:
             return ExternalHit()
+        try:
+            return self._lookup(hashes)
+        except Exception as e:
+            self._pending = None
+            self.stats.lookup_errors += 1
+            self.stats.decisions["miss"] += 1
+            store_log.error(f"connector {id(self)} lookup", "store: lookup of %d blocks failed; recomputing",
+                            len(hashes), exc_info=True)  # fmt: skip
+            return ExternalHit(0, False, f"miss: store lookup failed ({type(e).__name__}: {e})")
+
+    def _lookup(self, hashes: Sequence[str]) -> ExternalHit:
         keys = [self.key(h) for h in hashes]
         found = self.store.lookup_prefix(keys)
         n = found.num_hits
@@ -264,7 +280,8 @@ class StoreConnector(KVConnector):
                 self._decode_s.add((time.perf_counter() - t0) / len(blocks))
                 self.pool.write_blocks(list(block_ids[: len(blocks)]), torch.stack(blocks, dim=2))
         except Exception:
-            log.exception("store: loading %d blocks failed; recomputing them", len(keys))
+            store_log.error(f"connector {id(self)} load", "store: loading %d blocks failed; recomputing them",
+                            len(keys), exc_info=True)  # fmt: skip
             blocks = []
         n = len(blocks)
         self.stats.blocks_loaded += n
@@ -274,7 +291,10 @@ class StoreConnector(KVConnector):
     def _drop_corrupt(self, key: str, exc: Exception) -> None:
         """A block failed the codec's checks: delete it everywhere so nobody loads it again."""
         self.stats.blocks_corrupt += 1
-        log.warning("store: block %s is corrupt (%s); dropped from every tier, recomputing", key, exc)
+        store_log.warning(
+            f"connector {id(self)} corrupt",
+            "store: block %s is corrupt (%s); dropped from every tier, recomputing", key, exc,
+        )  # fmt: skip
         for tier in self.store.tiers:
             tier.delete(key)
 

@@ -6,12 +6,17 @@ one warning, and for `retry_interval_s` every operation answers at once as a mis
 call after that interval rebuilds the client and probes: PING, or on a cluster every master must answer and
 report cluster_state:ok (so a cluster with one master down stays degraded until it is back or failed over,
 instead of flapping); success clears `degraded` and logs it.
+
+No method raises, whatever the client throws: a command the server refused (ResponseError, e.g. OOM under
+`noeviction`) is counted as an error; anything else (connection and auth errors, and the ValueError or
+AttributeError a socket closed under another thread gives) is an outage. Dropping a client closes only its
+idle connections, so a thread still using one of them is not cut off mid-read. Repeated log lines go through
+the store's rate limiter (logs.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,14 +25,14 @@ from typing import Any, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, DataError, RedisError, ResponseError, TryAgainError
+from redis.exceptions import ClusterDownError, DataError, ResponseError, TryAgainError
 from redis.retry import Retry
 
 from hafiza.store.base import KVStore
 from hafiza.store.frame import FrameError, pack, unpack
+from hafiza.store.logs import store_log
 from hafiza.store.stats import StoreCounters, StoreStats
 
-log = logging.getLogger("hafiza.store")
 T = TypeVar("T")
 DEFAULT_TTL_S = 300.0  # the prompt-caching APIs' default TTL (5 min); pinned 1 h blocks carry their own
 
@@ -36,8 +41,16 @@ class _Unavailable(Exception):
     """The server is (still) unreachable; the operation answers as a miss."""
 
 
+class _Refused(Exception):
+    """The server answered but refused the command (e.g. OOM); counted as an error, the tier stays up."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
 def _is_outage(e: BaseException) -> bool:
-    """Connection-level failures degrade the tier; a command the server refused (e.g. OOM) does not."""
+    """Anything but a refused command degrades the tier (connection, auth, a socket closed mid-read)."""
     if isinstance(e, ClusterDownError | TryAgainError):
         return True
     return not isinstance(e, ResponseError | DataError)
@@ -95,13 +108,26 @@ class RedisStore(KVStore):
             return RedisCluster.from_url(self.url, **opts)
         return redis.Redis.from_url(self.url, **opts)
 
-    def _drop_client(self) -> None:
-        """Forget the client so the next probe starts from a fresh connection (and cluster topology)."""
+    def _drop_client(self, everything: bool = False) -> None:
+        """Forget the client so the next probe starts from a fresh connection (and cluster topology).
+
+        Only idle connections are closed (all of them with `everything`, at `close()`): another thread may
+        be reading from one right now, and closing it under that thread is what raised ValueError before.
+        A connection still in use goes back to the orphaned pool and is closed when the pool is collected.
+        """
         with self._client_lock:
             client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # closing a broken client must not mask the outage
+        if client is None:
+            return
+        with contextlib.suppress(Exception):  # closing a broken client must not mask the outage
+            if everything:
                 client.close()
+            elif self.cluster:
+                for node in client.get_nodes():
+                    if node.redis_connection is not None:
+                        node.redis_connection.connection_pool.disconnect(inuse_connections=False)
+            else:
+                client.connection_pool.disconnect(inuse_connections=False)
 
     def _probe(self, client: Any) -> None:
         """PING the server; on a cluster every master must answer and report cluster_state:ok."""
@@ -114,7 +140,11 @@ class RedisStore(KVStore):
                 raise ClusterDownError(f"cluster_state is {info.get('cluster_state')!r}")
 
     def _run(self, fn: Callable[[Any], T]) -> T:
-        """Run one command, tracking outages; raises _Unavailable when the server cannot answer."""
+        """Run one command, tracking outages.
+
+        Raises only `_Unavailable` (the server cannot answer: the operation is a miss) or `_Refused` (it
+        answered with an error), whatever exception class the client raised.
+        """
         probing = self._degraded
         if self._closed or (probing and time.monotonic() < self._next_probe):
             raise _Unavailable
@@ -126,15 +156,16 @@ class RedisStore(KVStore):
             if probing:
                 self._probe(client)
             result = fn(client)
-        except (RedisError, OSError, redis.exceptions.RedisClusterException) as e:
+        except Exception as e:
             if not _is_outage(e):
-                raise
+                raise _Refused(e) from e
             self._counters.error()
             self._next_probe = time.monotonic() + self.retry_interval_s
             if not self._degraded:
                 self._degraded = True
                 self.outages += 1
-                log.warning(
+                store_log.warning(
+                    f"redis {self.name} {self.url} degraded",
                     "store tier %s degraded: %s unreachable (%s: %s); answering misses, retry every %.1f s",
                     self.name, self.url, type(e).__name__, e, self.retry_interval_s,
                 )  # fmt: skip
@@ -142,8 +173,15 @@ class RedisStore(KVStore):
             raise _Unavailable from e
         if self._degraded:
             self._degraded = False
-            log.warning("store tier %s reconnected to %s", self.name, self.url)
+            store_log.warning(
+                f"redis {self.name} {self.url} reconnected", "store tier %s reconnected to %s", self.name, self.url
+            )
         return result
+
+    def _refused(self, what: str, e: _Refused) -> None:
+        """Count a refused command and log it, at most once per interval for this tier and command."""
+        self._counters.error()
+        store_log.warning(f"redis {self.name} {self.url} {what}", "store %s: %s refused: %s", self.name, what, e)
 
     def _k(self, key: str) -> str:
         return self.prefix + key
@@ -164,9 +202,8 @@ class RedisStore(KVStore):
         except _Unavailable:
             self._counters.reject()
             return False
-        except RedisError as e:
-            log.warning("store %s: SET %s refused: %s", self.name, key, e)
-            self._counters.error()
+        except _Refused as e:
+            self._refused("SET", e)
             return False
         self._counters.put(len(data), time.perf_counter() - t0)
         return True
@@ -179,7 +216,9 @@ class RedisStore(KVStore):
         try:
             payload = unpack(key, data)
         except FrameError as e:
-            log.warning("store %s: dropped damaged entry %s: %s", self.name, key, e)
+            store_log.warning(
+                f"redis {self.name} {self.url} damaged", "store %s: dropped damaged entry %s: %s", self.name, key, e
+            )
             self._counters.error()
             self._counters.miss()
             self.delete(key)
@@ -194,9 +233,8 @@ class RedisStore(KVStore):
         except _Unavailable:
             self._counters.miss()
             return None
-        except RedisError as e:
-            log.warning("store %s: GET %s failed: %s", self.name, key, e)
-            self._counters.error()
+        except _Refused as e:
+            self._refused("GET", e)
             self._counters.miss()
             return None
         return self._accept(key, data, time.perf_counter() - t0)
@@ -218,9 +256,8 @@ class RedisStore(KVStore):
         except _Unavailable:
             self._counters.miss(len(keys))
             return [None] * len(keys)
-        except RedisError as e:
-            log.warning("store %s: pipelined GET failed: %s", self.name, e)
-            self._counters.error()
+        except _Refused as e:
+            self._refused("pipelined GET", e)
             self._counters.miss(len(keys))
             return [None] * len(keys)
         per_key_s = (time.perf_counter() - t0) / len(keys)
@@ -229,7 +266,10 @@ class RedisStore(KVStore):
     def contains(self, key: str) -> bool:
         try:
             return bool(self._run(lambda c: c.exists(self._k(key))))
-        except (_Unavailable, RedisError):
+        except _Unavailable:
+            return False
+        except _Refused as e:
+            self._refused("EXISTS", e)
             return False
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
@@ -245,20 +285,26 @@ class RedisStore(KVStore):
 
         try:
             return [bool(n) for n in self._run(probe)]
-        except (_Unavailable, RedisError):
+        except _Unavailable:
+            return [False] * len(keys)
+        except _Refused as e:
+            self._refused("pipelined EXISTS", e)
             return [False] * len(keys)
 
     def delete(self, key: str) -> bool:
         try:
             return bool(self._run(lambda c: c.delete(self._k(key))))
-        except (_Unavailable, RedisError):
+        except _Unavailable:
+            return False
+        except _Refused as e:
+            self._refused("DEL", e)
             return False
 
     def ttl_s(self, key: str) -> float | None:
         """Remaining lifetime of an entry in seconds (None: absent, no expiry, or server unreachable)."""
         try:
             ms = self._run(lambda c: c.pttl(self._k(key)))
-        except (_Unavailable, RedisError):
+        except (_Unavailable, _Refused):
             return None
         return ms / 1000 if ms >= 0 else None
 
@@ -276,8 +322,8 @@ class RedisStore(KVStore):
 
         try:
             self._run(wipe)
-        except (_Unavailable, RedisError) as e:
-            log.warning("store %s: clear failed: %s", self.name, e)
+        except (_Unavailable, _Refused) as e:
+            store_log.warning(f"redis {self.name} {self.url} clear", "store %s: clear failed: %r", self.name, e)
 
     def _delete_batch(self, client: Any, keys: list[Any]) -> None:
         if keys:
@@ -288,7 +334,7 @@ class RedisStore(KVStore):
 
     def close(self) -> None:
         self._closed = True
-        self._drop_client()
+        self._drop_client(everything=True)
 
     @property
     def enabled(self) -> bool:

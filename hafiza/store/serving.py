@@ -173,6 +173,8 @@ class ConnectorCollector(Collector):
             ("store_saves_skipped", "Blocks not written: every tier already held them.", s.saves_skipped),
             ("store_saves_dropped", "Blocks not written: the encoder queue was full.", s.saves_dropped),
             ("store_encode_errors", "Blocks the codec failed to encode.", s.encode_errors),
+            ("store_lookup_errors", "Admission lookups that failed inside the store (answered as misses).",
+             s.lookup_errors),
             ("store_blocks_loaded", "Blocks loaded from the tiers into the pool.", s.blocks_loaded),
             ("store_blocks_corrupt", "Loaded blocks that failed the codec's checks (dropped, recomputed).",
              s.blocks_corrupt),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from hafiza.store.base import KVStore
 from hafiza.store.cost import CostModel, LoadDecision
+from hafiza.store.logs import store_log
 from hafiza.store.memory import MemoryStore
 from hafiza.store.stats import StoreStats
 
@@ -143,7 +144,7 @@ class TieredStore:
             todo = [i for i in range(n) if sources[i] is None]
             if not todo:
                 break
-            for i, found in zip(todo, tier.contains_many([keys[i] for i in todo]), strict=True):
+            for i, found in zip(todo, self._contains_many(tier, [keys[i] for i in todo]), strict=True):
                 if found:
                     sources[i] = tier.name
         hits = next((i for i, s in enumerate(sources) if s is None), n)
@@ -166,7 +167,7 @@ class TieredStore:
             if not todo:
                 break
             t0 = time.perf_counter()
-            got = tier.get_many([keys[i] for i in todo])
+            got = self._get_many(tier, [keys[i] for i in todo])
             seconds = time.perf_counter() - t0
             nbytes = 0
             for i, v in zip(todo, got, strict=True):
@@ -180,6 +181,24 @@ class TieredStore:
             if source[i] > 0:
                 self._promote(keys[i], out[i], source[i])
         return out
+
+    def _contains_many(self, tier: KVStore, keys: list[str]) -> list[bool]:
+        """`tier.contains_many`, as all misses if the back end breaks its contract and raises."""
+        try:
+            return tier.contains_many(keys)
+        except Exception:
+            store_log.error(f"tier {tier.name} {id(tier)} contains", "store tier %s raised in contains_many",
+                            tier.name, exc_info=True)  # fmt: skip
+            return [False] * len(keys)
+
+    def _get_many(self, tier: KVStore, keys: list[str]) -> list[bytes | None]:
+        """`tier.get_many`, as all misses if the back end breaks its contract and raises."""
+        try:
+            return tier.get_many(keys)
+        except Exception:
+            store_log.error(f"tier {tier.name} {id(tier)} get", "store tier %s raised in get_many", tier.name,
+                            exc_info=True)  # fmt: skip
+            return [None] * len(keys)
 
     def _promote(self, key: str, value: bytes, source: int) -> None:
         """Copy a hit into every faster tier: RAM at once, the others through the writer."""
@@ -249,7 +268,8 @@ class TieredStore:
         try:
             ok = self.tiers[j].put(key, value, ttl_s)
         except Exception:  # a back end broke its contract; keep the writer alive
-            log.exception("store tier %s raised in put", self.tiers[j].name)
+            store_log.error(f"tier {self.tiers[j].name} {id(self.tiers[j])} put", "store tier %s raised in put",
+                            self.tiers[j].name, exc_info=True)  # fmt: skip
             return False
         if ok:
             self._count_write(j, value, raw_nbytes)

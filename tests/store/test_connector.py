@@ -111,3 +111,42 @@ def test_unknown_codec_is_a_clear_error() -> None:
     assert check_codec("zstd") == "zstd"
     with pytest.raises(StoreCodecError, match="choose one of raw, zstd"):
         check_codec("gzip")
+
+
+def test_lookup_failure_is_a_miss_not_an_engine_error(tiny_llama: LoadedModel) -> None:
+    """`lookup` runs on the engine thread: a failure inside it (here a hash `block_key` rejects) is a miss."""
+    _, conn = engine_with(tiny_llama, TieredStore([MemoryStore(64 << 20)]))
+    assert conn is not None
+    hit = conn.lookup(["not a hex hash"])
+    assert (hit.num_blocks, hit.load) == (0, False) and hit.reason.startswith("miss: store lookup failed")
+    assert conn.stats.lookup_errors == 1 and conn.stats.decisions["miss"] == 1
+    conn.close()
+
+
+def test_redis_auth_outage_mid_serving_changes_nothing(tiny_llama: LoadedModel, own_redis: RedisServer) -> None:
+    """The server's password changes between two requests: answers stay right, and no thread sees an error
+    (before, the encoder's `contains` raised ValueError from a connection closed under it)."""
+    ids = prompt_ids(tiny_llama, N)
+    tier = RedisStore(own_redis.url, prefix="t:", retry_interval_s=0.02)
+    engine, conn = engine_with(tiny_llama, TieredStore([tier]))
+    assert conn is not None
+    first = serve(engine, ids)
+    assert conn.flush()
+    admin = redis.Redis(port=own_redis.port)
+    admin.config_set("requirepass", "rotated")
+    admin = redis.Redis(port=own_redis.port, password="rotated")
+    admin.client_kill_filter(_type="normal", skipme=True)
+    other = prompt_ids(tiny_llama, N, offset=N)
+    second, conn2 = engine_with(tiny_llama, TieredStore([RedisStore(own_redis.url, prefix="t:")]))
+    assert conn2 is not None
+    b = serve(second, ids)  # the new engine cannot authenticate: every lookup is a miss, it recomputes
+    c = serve(engine, other)  # the first engine's encoder now meets the auth failure on every block
+    assert conn.flush() and conn2.flush()
+    assert b.tokens == first.tokens == cold(tiny_llama, ids) and b.external == 0
+    assert c.tokens == cold(tiny_llama, other)
+    assert conn.stats.encode_errors == conn2.stats.encode_errors == 0
+    assert conn.stats.lookup_errors == conn2.stats.lookup_errors == 0
+    assert tier.outages >= 1
+    admin.config_set("requirepass", "")
+    conn.close()
+    conn2.close()

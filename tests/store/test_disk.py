@@ -1,4 +1,5 @@
-"""Disk tier: LRU and cap, restart, atomic writes, crash leftovers, damaged files, full or unwritable disk."""
+"""Disk tier: LRU and cap, restart, atomic writes, crash leftovers, damaged files, full or unwritable disk,
+a deleted directory, a filesystem smaller than the cap."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hafiza.store.config import DEFAULT_DISK_BYTES
 from hafiza.store.disk import TMP_PREFIX, DiskStore
 from hafiza.store.frame import HEADER
 
@@ -218,3 +221,96 @@ def test_full_disk_disables_the_tier_and_leaves_no_partial_file(tmp_path: Path) 
     assert result["enabled"] is False and result["small_back"] is True and result["errors"] == 1
     assert len(result["files"]) == 2  # the lock and "small": no temp file, no partial "big"
     assert out.stderr.count("disabled") == 1 and "File too large" in out.stderr
+
+
+def test_directory_deleted_mid_run_is_recreated_and_serving_continues(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "kv"
+    store = DiskStore(root, capacity_bytes=1 << 20, check_interval_s=3600.0)  # only a failed write notices
+    assert store.put("a", b"va") and store.put("b", b"vb")
+    shutil.rmtree(root)
+    with caplog.at_level(logging.WARNING, logger="hafiza.store"):
+        assert store.put("c", b"vc") is True  # the write finds the directory gone, recreates it, retries
+        assert store.put("d", b"vd") is True
+    assert store.enabled and store.get("c") == b"vc" and store.get("d") == b"vd"
+    assert store.get("a") is None and not store.contains("b")  # the deleted entries are forgotten
+    s = store.stats()
+    assert (s.entries, s.errors) == (2, 0)
+    assert (root / ".lock").is_file() and len(files(root)) == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("deleted or replaced" in m for m in messages) == 1
+    assert not any("disabled" in m for m in messages)
+    store.close()
+
+
+def test_lock_survives_the_directory_being_deleted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "kv"
+    store = DiskStore(root, capacity_bytes=1 << 20, check_interval_s=0.0)
+    assert store.put("a", b"va")
+    shutil.rmtree(root)
+    assert store.contains("a") is False  # a read notices: entries forgotten, directory and lock recreated
+    with caplog.at_level(logging.ERROR, logger="hafiza.store"):
+        second = DiskStore(root, capacity_bytes=1 << 20)
+    assert not second.enabled and "in use by another store" in caplog.text
+    assert store.put("b", b"vb") and store.get("b") == b"vb"
+    second.close()
+    store.close()
+
+
+def test_directory_taken_over_after_deletion_disables_the_old_store(tmp_path: Path) -> None:
+    """Whoever locks the recreated directory first owns it; the other store steps aside."""
+    root = tmp_path / "kv"
+    old = DiskStore(root, capacity_bytes=1 << 20, check_interval_s=0.0)
+    assert old.put("a", b"va")
+    shutil.rmtree(root)
+    new = DiskStore(root, capacity_bytes=1 << 20)
+    assert new.enabled and new.put("n", b"vn")
+    assert old.put("b", b"vb") is False
+    assert not old.enabled and old.get("a") is None
+    assert new.get("n") == b"vn" and new.stats().errors == 0
+    new.close()
+    old.close()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A real 48 MiB tmpfs (needs root and permission to mount)."""
+    mnt = tmp_path / "small-fs"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "--lazy", str(mnt)], check=True)
+
+
+def test_small_filesystem_with_the_default_cap_evicts_instead_of_filling_the_disk(small_fs: Path) -> None:
+    store = DiskStore(small_fs / "kv", capacity_bytes=DEFAULT_DISK_BYTES)  # 10 GiB cap on a 48 MiB disk
+    value = os.urandom(1 << 20)
+    for i in range(150):  # 150 MiB written
+        assert store.put(f"k{i}", value), f"put {i} refused; {shutil.disk_usage(small_fs).free} bytes free"
+        assert shutil.disk_usage(small_fs).free >= store.reserve_bytes
+        if i == 60:  # someone else takes most of the free space left: the tier makes room again
+            held = store.stats().bytes
+            (small_fs / "other-file").write_bytes(b"x" * (shutil.disk_usage(small_fs).free - (1 << 20)))
+    s = store.stats()
+    assert store.enabled and s.errors == 0 and s.evictions > 100
+    assert s.bytes is not None and held is not None and s.bytes < held  # it shrank to leave the reserve free
+    assert s.capacity_bytes is not None and s.capacity_bytes < 48 << 20  # the effective capacity, not 10 GiB
+    assert store.get("k149") == value and store.get("k0") is None
+    store.close()
+
+
+def test_filesystem_full_of_other_files_refuses_without_disabling(small_fs: Path) -> None:
+    store = DiskStore(small_fs / "kv", capacity_bytes=DEFAULT_DISK_BYTES)
+    assert store.put("mine", os.urandom(1 << 20))
+    free = shutil.disk_usage(small_fs).free
+    (small_fs / "other-file").write_bytes(b"x" * (free - (1 << 20)))  # leaves 1 MiB, under the reserve
+    assert store.put("big", os.urandom(4 << 20)) is False
+    s = store.stats()
+    assert store.enabled and s.errors == 0 and s.rejected == 1
+    assert store.get("mine") is None  # evicted while trying to make room
+    (small_fs / "other-file").unlink()
+    assert store.put("big", b"b" * (4 << 20)) and store.get("big") == b"b" * (4 << 20)
+    store.close()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,129 @@ def test_cluster_master_killed_then_restarted(tmp_path: Path, caplog: pytest.Log
         assert sum("degraded" in m for m in messages) == 1
         assert sum("reconnected" in m for m in messages) == 1
         store.close()
+
+
+class _Hammer:
+    """Threads calling every RedisStore method in a loop; any exception that escapes a method is recorded."""
+
+    def __init__(self, store: RedisStore, threads: int = 4) -> None:
+        self.store = store
+        self.escaped: list[str] = []
+        self.calls = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)]
+
+    def _loop(self, i: int) -> None:
+        s, n = self.store, 0
+        value = os.urandom(64 << 10)
+        while not self._stop.is_set():
+            k = f"k{i}-{n % 16}"
+            try:
+                s.put(k, value)
+                s.contains(k)
+                s.get(k)
+                s.get_many([k, f"k{i}-0"])
+                s.contains_many([k, "absent"])
+                s.ttl_s(k)
+                s.stats()
+                if n % 8 == 7:
+                    s.delete(k)
+            except Exception as e:  # the contract says this never happens
+                self.escaped.append(f"{type(e).__name__}: {e}")
+            self.calls += 1
+            n += 1
+
+    def __enter__(self) -> _Hammer:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def _kill_clients(port: int, password: str | None) -> None:
+    admin = redis.Redis(port=port, password=password)
+    admin.client_kill_filter(_type="normal", skipme=True)
+    admin.close()
+
+
+@pytest.mark.parametrize("store_password", [None, "old-secret"])
+def test_password_changed_mid_run_no_method_raises(own_redis: RedisServer, store_password: str | None) -> None:
+    """An auth outage (the server's password changes under running clients, and back) never raises.
+
+    Before, closing the broken client under the other threads raised `ValueError: I/O operation on closed
+    file` (and AttributeError) out of `contains`, `get` and `put`.
+    """
+    admin = redis.Redis(port=own_redis.port)
+    if store_password is not None:
+        admin.config_set("requirepass", store_password)
+        admin = redis.Redis(port=own_redis.port, password=store_password)
+    url = f"redis://:{store_password}@127.0.0.1:{own_redis.port}/0" if store_password else own_redis.url
+    store = RedisStore(url, prefix="t:", retry_interval_s=0.02)
+    with _Hammer(store) as hammer:
+        for cycle in range(6):
+            _wait_for(lambda: store.put("probe", b"v"))  # serving with the right password
+            calls = hammer.calls
+            _wait_for(lambda c=calls: hammer.calls > c + 20)
+            admin.config_set("requirepass", f"changed-{cycle}")
+            admin = redis.Redis(port=own_redis.port, password=f"changed-{cycle}")
+            _kill_clients(own_redis.port, f"changed-{cycle}")  # reconnects now fail authentication
+            _wait_for(lambda: store.degraded)
+            calls = hammer.calls
+            _wait_for(lambda c=calls: hammer.calls > c + 20)
+            admin.config_set("requirepass", store_password or "")
+            admin = redis.Redis(port=own_redis.port, password=store_password)
+    assert hammer.escaped == []
+    assert store.outages >= 6 and store.stats().errors >= 6
+    _wait_for(lambda: store.put("after", b"v2"))
+    assert store.get("after") == b"v2" and not store.degraded
+    store.close()
+
+
+def test_server_killed_mid_run_no_method_raises(own_redis: RedisServer) -> None:
+    store = RedisStore(own_redis.url, prefix="t:", retry_interval_s=0.02, connect_timeout_s=0.2)
+    with _Hammer(store) as hammer:
+        for _ in range(4):
+            _wait_for(lambda: store.put("probe", b"v"))
+            calls = hammer.calls
+            _wait_for(lambda c=calls: hammer.calls > c + 20)
+            own_redis.kill()
+            _wait_for(lambda: store.degraded)
+            calls = hammer.calls
+            _wait_for(lambda c=calls: hammer.calls > c + 20)
+            own_redis.start()
+    assert hammer.escaped == []
+    assert store.outages >= 4
+    _wait_for(lambda: store.put("after", b"v2"))
+    assert store.get("after") == b"v2"
+    store.close()
+
+
+def test_noeviction_refusals_log_one_line_per_interval(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full server under `maxmemory noeviction` refuses every SET: counted each time, logged once."""
+    admin = redis.Redis(port=own_redis.port)
+    admin.config_set("maxmemory", str(2 << 20))
+    admin.config_set("maxmemory-policy", "noeviction")
+    store = RedisStore(own_redis.url, prefix="t:")
+    value = os.urandom(100 << 10)
+    with caplog.at_level(logging.WARNING, logger="hafiza.store"):
+        results = [store.put(f"k{i}", value) for i in range(200)]
+    refused = results.count(False)
+    assert refused >= 150 and results[0] is True
+    s = store.stats()
+    assert s.errors == refused and not s.degraded
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1 and "OutOfMemoryError" in lines[0], lines
+    store.close()
