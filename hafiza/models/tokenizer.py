@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,10 @@ class Tokenizer:
     chat_template: str | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     _template: jinja2.Template | None = field(default=None, repr=False)
+    textual_ids: frozenset[int] = frozenset()
+    _plain: HFTokenizer | None = field(default=None, repr=False, compare=False)
+    _special_ids: frozenset[int] | None = field(default=None, repr=False, compare=False)
+    _special_re: re.Pattern[str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -55,22 +60,64 @@ class Tokenizer:
                 ids = [bos, *ids]
         return ids
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the control tokens (such as `<|im_start|>`): the special added tokens, less `textual_ids`
+        (GGUF USER_DEFINED tokens such as Qwen2.5's `<tool_call>`, which plain text may contain, as in llama.cpp)."""
+        if self._special_ids is None:
+            added = self.backend.get_added_tokens_decoder()
+            self._special_ids = frozenset(i for i, t in added.items() if t.special and i not in self.textual_ids)
+        return self._special_ids
+
+    def spells_special(self, text: str) -> bool:
+        """Whether `text` contains the spelling of a control token."""
+        if self._special_re is None:
+            added = self.backend.get_added_tokens_decoder()
+            texts = sorted((added[i].content for i in self.special_ids if added[i].content), key=len, reverse=True)
+            self._special_re = re.compile("|".join(map(re.escape, texts)) or r"(?!)")
+        return self._special_re.search(text) is not None
+
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and character spans of `text` read as plain text: control-token spellings such as `<|im_end|>`
+        become ordinary characters. For message content, which must never yield control tokens."""
+        if self._plain is None:
+            spec = json.loads(self.backend.to_str())
+            for tok in spec.get("added_tokens", []):
+                tok["special"] = tok["id"] in self.special_ids
+            plain = HFTokenizer.from_str(json.dumps(spec))
+            plain.encode_special_tokens = True
+            self._plain = plain
+        enc = self._plain.encode(text, add_special_tokens=False)
+        return list(enc.ids), list(enc.offsets)
+
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render a conversation to the prompt text the model was trained on."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any] | str] | None = None, **variables: object) -> str:
+        """Render a conversation to the prompt text the model was trained on. `tools` (function definitions in
+        OpenAI's `{"type": "function", "function": {...}}` form) and `variables` reach the template as Hugging
+        Face's apply_chat_template passes them."""
         if self._template is None:
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            env.filters["tojson"] = _tojson
             self._template = env.from_string(self.chat_template or DEFAULT_CHAT_TEMPLATE)
+        extra = {"tools": tools} if tools is not None else {}
         return self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **extra,
+            **variables,
         )
+
+    @property
+    def template_supports_tools(self) -> bool:
+        """Whether the chat template renders a `tools` variable (Qwen2.5's and Llama 3.x's do; SmolLM2's not)."""
+        return bool(self.chat_template) and re.search(r"\btools\b", self.chat_template or "") is not None
 
 
 class IncrementalDecoder:
@@ -89,6 +136,12 @@ class IncrementalDecoder:
         delta = full[len(self.text) :]
         self.text = full
         return delta
+
+
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Hugging Face's `tojson`: key order kept and no HTML escaping (jinja's own sorts keys and escapes `<`)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise_exception(message: str) -> None:
@@ -112,7 +165,9 @@ def tokenizer_from_gguf(fields: dict[str, Any], path: Path) -> Tokenizer:
         eos_ids.append(int(eot_id))
     add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", model == "llama"))
     backend = _bpe_from_gguf(fields, tokens) if model == "gpt2" else _converted_by_transformers(path)
-    return Tokenizer(backend, bos, eos, add_bos, template, eos_ids)
+    types = fields.get("tokenizer.ggml.token_type") or []
+    textual = frozenset(i for i, t in enumerate(types) if int(t) == 4)  # USER_DEFINED: plain text may hold them
+    return Tokenizer(backend, bos, eos, add_bos, template, eos_ids, textual_ids=textual)
 
 
 def _bpe_from_gguf(fields: dict[str, Any], tokens: list[str]) -> HFTokenizer:

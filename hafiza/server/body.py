@@ -1,8 +1,14 @@
-"""Read a request body under a size limit, parse JSON and validate it, naming the problem on failure."""
+"""Read a request body under a size and time limit, parse JSON and validate it, naming the problem on failure.
+
+Parsed JSON is checked before anything else sees it: nesting at most MAX_JSON_DEPTH levels, no NaN/Infinity, and
+no lone UTF-16 surrogate (`"\\ud800"`) in any string, since none of them can be tokenized, echoed or re-encoded.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -11,21 +17,30 @@ from pydantic import BaseModel, ValidationError
 from hafiza.server.errors import ApiError
 
 M = TypeVar("M", bound=BaseModel)
+MAX_JSON_DEPTH = 100
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body; 413 as soon as it is known to exceed `limit` bytes (from Content-Length or while reading)."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The raw body; 413 as soon as it is known to exceed `limit` bytes (from Content-Length or while reading);
+    408 (and the connection closed) if it has not all arrived `timeout_s` seconds after the headers."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes",
                        code="request_too_large")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes",
+                                   code="request_too_large")
+                chunks.append(chunk)
+    except TimeoutError as exc:
+        raise ApiError(408, f"request body not received within {timeout_s:g} s ({size} bytes arrived)",
+                       code="request_timeout", headers={"connection": "close"}) from exc
     return b"".join(chunks)
 
 
@@ -34,15 +49,58 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise ApiError(400, "request body is empty: expected a JSON object")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"request body is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"malformed JSON in request body: {exc.msg} at line {exc.lineno} column {exc.colno}",
                        ) from exc
+    except RecursionError as exc:
+        raise ApiError(400, f"request body nests JSON deeper than the limit of {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise ApiError(400, f"request body has a number that cannot be read: {exc}") from exc
     if not isinstance(data, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(data).__name__}")
+    _check_tree(data)
     return data
+
+
+def _no_constant(name: str) -> float:
+    raise ApiError(400, f"malformed JSON in request body: {name} is not a JSON value")
+
+
+def _check_tree(data: dict[str, Any]) -> None:
+    """400 naming the place of the first string with a lone surrogate, or of nesting past MAX_JSON_DEPTH."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 1, ())]
+    while stack:
+        value, depth, loc = stack.pop()
+        if isinstance(value, str):
+            bad = _SURROGATE.search(value)
+            if bad is not None:
+                where = loc_text(loc) or "body"
+                raise ApiError(400, f"{where}: text has a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}) at "
+                                    f"character {bad.start()}; strings must be valid Unicode", param=where)
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            where = loc_text(loc)
+            raise ApiError(400, f"{where}: JSON nests deeper than the limit of {MAX_JSON_DEPTH} levels", param=where)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in items:
+            if isinstance(key, str) and _SURROGATE.search(key):
+                raise ApiError(400, f"{loc_text(loc) or 'body'}: a key has a lone UTF-16 surrogate; strings must be "
+                                    f"valid Unicode")
+            if isinstance(child, str | dict | list):
+                stack.append((child, depth + 1, (*loc, key)))
+
+
+def check_message_count(data: dict[str, Any], limit: int) -> None:
+    """400 if the body has more than `limit` messages (checked before validation, which is costly per message)."""
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > limit:
+        raise ApiError(400, f"messages: {len(messages)} messages exceed the limit of {limit} (--max-messages)",
+                       param="messages")
 
 
 def loc_text(loc: tuple[Any, ...]) -> str:

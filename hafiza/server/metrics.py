@@ -19,6 +19,8 @@ from hafiza.server.usage import CacheUsage
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+                 320.0)
 
 
 class EngineCollector(Collector):
@@ -100,6 +102,9 @@ class ServerMetrics:
         self.saved = Gauge(f"{ns}:cache_cost_saved", "Estimated cost saved by caching since start: uncached cost "
                            "minus cost (write premiums make it negative until reads pay them back).", ["api"],
                            registry=self.registry)
+        self.queue_time = Histogram(f"{ns}:request_queue_time_seconds", "Arrival at the engine to the first "
+                                    "scheduled step (time spent waiting for admission).", buckets=QUEUE_BUCKETS,
+                                    registry=self.registry)
         self.disconnects = Counter(f"{ns}:client_disconnects", "Requests aborted because the client went away.",
                                    ["api"], registry=self.registry)
 
