@@ -1,8 +1,37 @@
-"""Per-request text output: incremental detokenisation, stop strings held back until they cannot match."""
+"""Per-request output: incremental detokenisation, stop strings held back until they cannot match, and token
+log-probabilities from the model's own distribution."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import torch
+
 from hafiza.models.tokenizer import IncrementalDecoder, Tokenizer
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model, and the `k` most likely tokens at that position (id, logprob),
+    most likely first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) -> list[TokenLogprob]:
+    """For each row of raw logits [R, V] (any float dtype, computed in fp32) the logprob of `token_ids[r]` and the
+    top `k`: log_softmax of the model's logits before any penalty, bias, grammar or temperature."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, torch.tensor(token_ids, dtype=torch.long, device=logp.device)[:, None])[:, 0].tolist()
+    if k > 0:
+        values, ids = torch.topk(logp, k, dim=-1)
+        tops = [list(zip(r_ids, r_vals, strict=True)) for r_ids, r_vals in zip(ids.tolist(), values.tolist(),
+                                                                                  strict=True)]
+    else:
+        tops = [[] for _ in token_ids]
+    return [TokenLogprob(t, lp, top) for t, lp, top in zip(token_ids, chosen, tops, strict=True)]
 
 
 class TextOutput:

@@ -117,9 +117,21 @@ class ModelRunner:
 
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
         """Run one step; returns logits [S, V] for the S sequences with last index >= 0, and those indices."""
+        logits, last, _ = self.execute_all(batch, [False] * len(batch.seqs))
+        return logits, last
+
+    def execute_all(self, batch: ScheduledBatch, every_position: list[bool],
+                    ) -> tuple[torch.Tensor | None, list[int], list[torch.Tensor | None]]:
+        """As `execute`, plus for each sequence with `every_position[i]` the logits [num_new, V] of every token it
+        computed this step (prompt logprobs), None for the others."""
         input_ids, positions, meta, last = self.build(batch)
         hidden = self.model.forward(input_ids, positions, meta, self.kv)
+        spans: list[torch.Tensor | None] = []
+        start = 0
+        for n, want in zip(batch.num_new, every_position, strict=True):
+            spans.append(self.model.logits(hidden[start : start + n]) if want else None)
+            start += n
         rows = [i for i in last if i >= 0]
         if not rows:
-            return None, last
-        return self.model.logits(hidden[torch.tensor(rows, device=self.device)]), last
+            return None, last, spans
+        return self.model.logits(hidden[torch.tensor(rows, device=self.device)]), last, spans

@@ -159,7 +159,8 @@ class Scheduler:
         bs = self.blocks.block_size
         hit: list[int] = []
         hashes = seq.hashes(bs)
-        if self.config.enable_prefix_caching:
+        use_cache = self.config.enable_prefix_caching and not seq.needs_prompt_logits  # its logits are needed
+        if use_cache:
             hit = self.blocks.match_prefix(seq.token_ids, hashes, count=False)
         if self.budget_blocks is not None:
             hit = hit[: self.budget_blocks // 2]  # leave room to grow within the eviction budget
@@ -167,7 +168,7 @@ class Scheduler:
         limit = (seq.num_tokens - 1) // bs
         ext = None
         tiers_usable = self.connector is not None and self.budget_blocks is None
-        if tiers_usable and self.config.enable_prefix_caching and len(hit) < limit:
+        if tiers_usable and use_cache and len(hit) < limit:
             ext = self.connector.lookup(hashes[len(hit) : limit])
             external = ext.num_blocks if ext.load else 0
         cached = len(hit) + external

@@ -5,11 +5,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from hafiza.cache.hashing import chain_hashes
+from hafiza.engine.output import TokenLogprob
 from hafiza.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from hafiza.engine.grammar import GrammarState
 
 
 class Status(enum.Enum):
@@ -31,7 +36,9 @@ class Sequence:
     """One request. `num_computed` tokens have K/V in the pool; `token_ids` holds prompt then output.
 
     `block_logical[i]` is the logical block (position // block_size) that `block_table[i]` holds: the identity
-    until an eviction policy drops blocks, after which kept blocks keep their original positions."""
+    until an eviction policy drops blocks, after which kept blocks keep their original positions.
+
+    A request with n > 1 choices is n sequences: `parent_id` is the request's id and `index` the choice."""
 
     request_id: str
     token_ids: list[int]
@@ -58,6 +65,23 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     generator: torch.Generator | None = None
+    parent_id: str | None = None
+    index: int = 0
+    grammar: GrammarState | None = None
+    pending_logprob: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+
+    @property
+    def group_id(self) -> str:
+        """The id the caller knows: the request's, shared by its n choices."""
+        return self.parent_id or self.request_id
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs were asked for and not all prompt positions have them yet (such a sequence computes its
+        prompt instead of reading it from the prefix cache)."""
+        return (self.params.prompt_logprobs is not None and self.index == 0
+                and len(self.prompt_logprobs) < self.num_prompt_tokens)
 
     @property
     def num_tokens(self) -> int:
