@@ -75,6 +75,11 @@ class AsyncEngine:
         """Whether the engine thread is running."""
         return self._thread.is_alive()
 
+    @property
+    def pending_commands(self) -> int:
+        """Commands (new requests, aborts, calls) sent but not yet taken by the engine thread."""
+        return self._commands.qsize()
+
     def stats(self) -> EngineStats:
         """The latest snapshot, taken on the engine thread (at most `stats_interval_s` old)."""
         return self._stats

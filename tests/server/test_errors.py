@@ -3,9 +3,17 @@ problem, and disturbs nothing: afterwards requests work, cached prefixes still h
 
 from __future__ import annotations
 
+import http.client
+import json
+from collections.abc import AsyncIterator, Iterator
+
 import httpx
 import pytest
+from fastapi.responses import StreamingResponse
 
+from hafiza.engine.async_engine import AsyncEngine
+from hafiza.server import ServerSettings, create_app
+from hafiza.server.launch import ServerThread
 from tests.server.conftest import API_KEY, Server, long_text
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -169,3 +177,102 @@ def test_official_clients_send_their_keys(keyed_server: Server) -> None:
             model=keyed_server.model, max_tokens=1, messages=MSG)
     assert httpx.get(f"{keyed_server.url}/health").status_code == 200
     assert httpx.get(f"{keyed_server.url}/v1/models").status_code == 401
+
+
+# Hostile bodies: 400 in the API's shape, never a 500.
+
+def hostile_bodies(model: str) -> list[tuple[str, bytes, str]]:
+    head = f'{{"model": "{model}", "max_tokens": 1, "messages": [{{"role": "user", "content": "hi"}}]'.encode()
+    return [
+        ("nested 1,000 deep", head + b', "x": ' + b"[" * 1000 + b"]" * 1000 + b"}", "deeper than the limit of 100"),
+        ("nested 100,000 deep", head + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+         "deeper than the limit of 100"),
+        ("lone surrogate in content",
+         f'{{"model": "{model}", "max_tokens": 1, "messages": [{{"role": "user", "content": "a\\ud800b"}}]}}'.encode(),
+         "messages[0].content: text has a lone UTF-16 surrogate (\\ud800) at character 1"),
+        ("lone surrogate in model",
+         b'{"model": "\\udfff", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}', "model:"),
+        ("lone surrogate in a key", head + b', "\\ud800": 1}', "a key has a lone UTF-16 surrogate"),
+        ("NaN", head + b', "temperature": NaN}', "NaN is not a JSON value"),
+        ("Infinity", head + b', "top_p": -Infinity}', "-Infinity is not a JSON value"),
+        ("5,000-digit integer", head + b', "max_tokens": ' + b"9" * 5000 + b"}", "cannot be read"),
+    ]
+
+
+def test_hostile_bodies_get_400(http: httpx.Client, server: Server) -> None:
+    for name, body, needle in hostile_bodies(server.model):
+        assert_anthropic_error(post(http, "/v1/messages", body), 400, "invalid_request_error", needle)
+        assert_anthropic_error(post(http, "/v1/messages/count_tokens", body), 400, "invalid_request_error", needle)
+        assert_openai_error(post(http, "/v1/chat/completions", body), 400, needle), name
+    surrogates = [{"system": "\ud800"}, {"stop_sequences": ["ok\udbff"]},
+                  {"messages": [{"role": "user", "content": [{"type": "text", "text": "x\udc00"}]}]}]
+    for extra in surrogates:
+        body = json.dumps({"model": server.model, "max_tokens": 1, "messages": MSG, **extra}).encode()
+        assert_anthropic_error(post(http, "/v1/messages", body), 400, "invalid_request_error", "lone UTF-16 surrogate")
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 10**30])
+def test_seed_outside_int64_gets_400(http: httpx.Client, server: Server, seed: int) -> None:
+    body = {"model": server.model, "max_tokens": 1, "messages": MSG, "temperature": 1.0, "seed": seed}
+    err = assert_openai_error(post(http, "/v1/chat/completions", body), 400, "seed")
+    assert err["param"] == "seed"
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63), 0])
+def test_seed_at_the_int64_ends_is_served(http: httpx.Client, server: Server, seed: int) -> None:
+    body = {"model": server.model, "max_tokens": 2, "messages": MSG, "temperature": 1.0, "seed": seed}
+    r = post(http, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+
+
+# An unexpected failure is a 500 in the API's shape, and the keep-alive connection survives it.
+
+@pytest.fixture(scope="module")
+def failing_server(engine: AsyncEngine, server: Server) -> Iterator[str]:
+    """The real app plus routes that fail the way a bug would (before and after the response starts)."""
+    app = create_app(engine, ServerSettings(model_name=server.model))
+
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    async def half_stream() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"data: first\n\n"
+            raise RuntimeError("a bug mid-stream")
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    for path in ("/v1/messages/boom", "/v1/chat/boom"):
+        app.add_api_route(path, boom, methods=["POST"])
+    app.add_api_route("/v1/chat/half", half_stream, methods=["POST"])
+    thread = ServerThread(app).start()
+    yield thread.url
+    thread.stop()
+
+
+def test_unexpected_errors_keep_the_connection(failing_server: str, server: Server) -> None:
+    host, port = failing_server.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    ok = json.dumps({"model": server.model, "max_tokens": 1, "messages": MSG})
+    try:
+        conn.request("POST", "/v1/messages/boom", body="{}", headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 500 and body["type"] == "error" and body["error"]["type"] == "api_error", body
+        assert "RuntimeError" in body["error"]["message"] and "a bug" not in body["error"]["message"]
+        sock = conn.sock
+        assert sock is not None
+        conn.request("POST", "/v1/chat/boom", body="{}", headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 500 and body["error"]["type"] == "server_error", body
+        conn.request("POST", "/v1/chat/half", body="{}", headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and r.read() == b"data: first\n\n"
+        conn.request("POST", "/v1/messages", body=ok, headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200, r.read()
+        r.read()
+        assert conn.sock is sock  # one connection throughout: never reset, never reopened
+    finally:
+        conn.close()
