@@ -3,6 +3,10 @@
 The hash is SHA-256 (truncated to 128 bits, hex) over a fixed seed, the parent's hash, the block's token ids as
 little-endian int32 and the extra keys as canonical JSON. Nothing depends on PYTHONHASHSEED or the process —
 the bug LMCache users hit when each process salted its hashes differently and no instance ever hit another's.
+
+A cache partition (an API key's, a request's `cache_salt`, or both: see `partition`) is one of the extra keys, so
+it enters the hash of the chain's root block and, through the chain and directly, every block after it: two
+partitions never share a block hash, in the KV pool or as a store-tier key.
 """
 
 from __future__ import annotations
@@ -15,6 +19,26 @@ import numpy as np
 
 HASH_SEED = b"hafiza-prefix-hash-v1"
 ROOT_PARENT = "0" * 32
+PARTITION_SEED = b"hafiza-cache-partition-v1"
+KEY_SEED = b"hafiza-api-key-partition-v1"
+
+
+def key_partition(api_key: str) -> str:
+    """The cache partition of an API key: a hash of it (the key itself never enters a cache key or a log)."""
+    return hashlib.sha256(KEY_SEED + api_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def partition(*parts: str | None) -> str | None:
+    """One partition from its parts in order (e.g. the key's partition, then the request's salt); None when every
+    part is None (the shared partition). Parts are length-prefixed, so ("ab", "c") and ("a", "bc") differ."""
+    if all(p is None for p in parts):
+        return None
+    h = hashlib.sha256(PARTITION_SEED)
+    for p in parts:
+        data = b"" if p is None else p.encode("utf-8", "surrogatepass")
+        h.update(b"\x00" if p is None else b"\x01")
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()[:32]
 
 
 def block_hash(parent: str | None, token_ids: Sequence[int], extra_keys: Sequence[object] = ()) -> str:

@@ -23,9 +23,27 @@ def serve(
     model: Annotated[str | None, typer.Option(help="GGUF file or model directory (default: SmolLM2-135M).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-    api_key: Annotated[str | None, typer.Option(
-        help="Require this key: x-api-key (Anthropic routes) or Authorization: Bearer (OpenAI routes).",
+    api_key: Annotated[list[str] | None, typer.Option(
+        help="Require an API key: x-api-key (Anthropic routes) or Authorization: Bearer (OpenAI routes). "
+             "Repeat for several keys; each is then its own cache partition.",
         envvar="HAFIZA_API_KEY")] = None,
+    api_keys_file: Annotated[str | None, typer.Option(
+        help="More API keys, one per line ('#' comments).")] = None,
+    admin_key: Annotated[str | None, typer.Option(
+        help="The key for dashboard actions and cached prompt text (distinct from every API key).",
+        envvar="HAFIZA_ADMIN_KEY")] = None,
+    shared_cache: Annotated[bool, typer.Option(
+        help="Let all API keys share one cache partition (a request's cache_salt still partitions).")] = False,
+    explain_details: Annotated[bool, typer.Option(
+        help="x-hafiza-cache names the earlier request and token offset it compared with (same partition).")
+                               ] = False,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        help="Host header to accept (repeatable; '*' for any). Default: the bind address and localhost.")] = None,
+    cors_origin: Annotated[list[str] | None, typer.Option(
+        help="Browser origin allowed to call the API cross-origin (repeatable). Default: none.")] = None,
+    metrics_auth: Annotated[str, typer.Option(help="Who may read /metrics: none, api or admin.")] = "none",
+    dashboard_auth: Annotated[str, typer.Option(
+        help="Who may read /dashboard/state: none, api or admin (actions and prompt text: admin).")] = "api",
     model_name: Annotated[str | None, typer.Option(
         help="Model id clients send (default: the model file's stem).")] = None,
     kv_memory: Annotated[str, typer.Option(help="KV pool size: auto, a size (2GiB) or a fraction of free memory.")
@@ -70,9 +88,8 @@ def serve(
     if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
         raise HafizaError("--block-size, --max-num-seqs and --max-num-batched-tokens must be positive")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("hafiza.server").warning("binding %s without --api-key: anyone who reaches it can use it",
-                                                   host)
+    security = _security(host, api_key, api_keys_file, admin_key, shared_cache, explain_details, allowed_host,
+                         cors_origin, metrics_auth, dashboard_auth)
     price_table = PriceTable.parse(prices)
     store = _store_options(store_ram, store_disk, store_redis, store_codec, store_write_back)
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
@@ -84,9 +101,8 @@ def serve(
         lm = aengine.engine.loaded
         name = model_name or served_name(lm)
         aliases = tuple(a for a in (served_name(lm), lm.name) if a != name)
-        settings = ServerSettings(model_name=name, aliases=aliases, api_key=api_key,
-                                  min_cache_tokens=min_cache_tokens, max_body_bytes=max_body_bytes,
-                                  prices=price_table)
+        settings = ServerSettings(model_name=name, aliases=aliases, min_cache_tokens=min_cache_tokens,
+                                  max_body_bytes=max_body_bytes, prices=price_table, **security)
         logging.getLogger("hafiza.server").info("serving %r: %s", name, describe(aengine))
         app = create_app(aengine, settings)
         connector = _attach_store(aengine, app, store)
@@ -95,6 +111,33 @@ def serve(
         aengine.shutdown()
         if connector is not None:
             connector.close()
+
+
+def _security(host: str, api_keys: list[str] | None, keys_file: str | None, admin_key: str | None,
+              shared_cache: bool, explain_details: bool, allowed_hosts: list[str] | None,
+              cors_origins: list[str] | None, metrics_auth: str, dashboard_auth: str) -> dict[str, object]:
+    """The keys, roles and browser rules as ServerSettings fields, checked before the model loads."""
+    from hafiza.errors import HafizaError
+    from hafiza.server.settings import LOCAL_HOSTS, Access, ServerSettings, read_keys_file
+
+    for flag, value in (("--metrics-auth", metrics_auth), ("--dashboard-auth", dashboard_auth)):
+        if value not in {a.value for a in Access}:
+            raise HafizaError(f"{flag} must be none, api or admin, got {value!r}")
+    keys = (*(api_keys or ()), *(read_keys_file(keys_file) if keys_file else ()))
+    hosts = tuple(allowed_hosts) if allowed_hosts else (*LOCAL_HOSTS, host)
+    fields: dict[str, object] = {
+        "api_keys": keys, "admin_key": admin_key, "shared_cache": shared_cache, "explain_details": explain_details,
+        "allowed_hosts": hosts, "cors_origins": tuple(cors_origins or ()), "metrics_auth": Access(metrics_auth),
+        "dashboard_auth": Access(dashboard_auth)}
+    ServerSettings(**fields)  # raises HafizaError on a bad combination
+    log = logging.getLogger("hafiza.server")
+    if not keys and admin_key is None and host not in LOCAL_HOSTS:
+        log.warning("binding %s without --api-key or --admin-key: anyone who reaches it can use it and clear "
+                    "its caches", host)
+    if host in ("0.0.0.0", "::") and not allowed_hosts:
+        log.warning("binding %s: only Host headers %s are accepted; name the others with --allowed-host",
+                    host, ", ".join(LOCAL_HOSTS))
+    return fields
 
 
 def _store_options(ram: str | None, disk: str | None, redis: str | None, codec: str, write_back: bool

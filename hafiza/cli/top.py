@@ -212,7 +212,10 @@ def prefixes_table(state: dict[str, Any] | str) -> RenderableType:
         table.add_column(col, justify="left" if col == "prefix" else "right", overflow="ellipsis",
                          no_wrap=col == "prefix", max_width=60 if col == "prefix" else None)
     for p in state["prefixes"]:
-        head, tail = " ".join(p["head"].split()), " ".join(p["tail"].split())
+        if p["head"] is None:  # the server shows prompt text to its admin key only
+            head, tail = "(text needs the admin key)", ""
+        else:
+            head, tail = " ".join(p["head"].split()), " ".join(p["tail"].split())
         preview = f"{head[:24]} … {tail[-32:]}" if tail else head
         ttl = "–" if p["ttl_left_s"] is None else f"{p['ttl_left_s']:.0f} s"
         table.add_row(preview, str(p["tokens"]), str(p["shared_tokens"]), str(p["in_use_blocks"] or "–"),
@@ -236,7 +239,7 @@ def frame(url: str, now: Scrape, before: Scrape | None, prefixes: dict[str, Any]
 def top(
     url: Annotated[str, typer.Option(help="The hafiza server.")] = "http://127.0.0.1:8000",
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
-    api_key: Annotated[str | None, typer.Option(help="The server's API key (for the prefix table).",
+    api_key: Annotated[str | None, typer.Option(help="The server's key (its admin key shows prompt text).",
                                                 envvar="HAFIZA_API_KEY")] = None,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes (and between the two reads of "
                                                  "--once, for the rates).")] = 1.0,

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.server.dashboard import mount_dashboard
 from hafiza.server.errors import install_error_handlers
+from hafiza.server.guard import BrowserGuard
 from hafiza.server.routes import anthropic, common, openai
 from hafiza.server.settings import ServerSettings
 from hafiza.server.state import ServerState
+
+EXPOSED_HEADERS = ("x-hafiza-cache", "x-hafiza-tiers", "request-id", "x-request-id")
 
 
 def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
                registry: CollectorRegistry | None = None) -> FastAPI:
     """The HTTP app. The engine is started and stopped by the caller; `app.state.hafiza` (a ServerState) holds
-    the engine, settings and metrics registry for routes and collectors added later."""
+    the engine, settings and metrics registry for routes and collectors added later. Every request passes the
+    BrowserGuard (Host allow-list, same-origin JSON for state changes); CORS answers only `cors_origins`."""
     settings = settings or ServerSettings()
     app = FastAPI(title="hafiza", summary="Anthropic Messages and OpenAI Chat Completions with prompt caching",
                   docs_url=None, redoc_url=None, openapi_url=None)
@@ -26,4 +31,8 @@ def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
     app.include_router(anthropic.router)
     app.include_router(openai.router)
     mount_dashboard(app)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS))
+    app.add_middleware(BrowserGuard, settings=settings)
     return app

@@ -3,9 +3,10 @@
 The page and its script ship in `hafiza/server/static/` (no CDN). It polls `GET /dashboard/state` every second;
 that JSON is taken on the engine thread (`AsyncEngine.call`), so block counts, prefixes and rates agree with each
 other. Actions: `POST /dashboard/prefixes/{id}/drop` evicts one cached prefix, `POST /dashboard/tiers/{name}/clear`
-empties a store tier (or `pool`: every cached block of the KV pool not held by a request). The state and the
-actions are authorised like the API (`x-api-key` or `Authorization: Bearer`, when the server has a key): the
-state shows the text of cached prompts.
+empties a store tier (or `pool`: every cached block of the KV pool not held by a request). Keys are sent like
+the API's (`x-api-key` or `Authorization: Bearer`). The state is readable as `--dashboard-auth` says (any API
+key by default), but the text of cached prompts is in it only for the admin key; the actions need the admin key
+(an open server, with no key at all, lets everyone act).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.engine.engine import LLMEngine, RequestOutput
-from hafiza.server.auth import require_any_key
+from hafiza.server.auth import Role, caller, require_access, require_admin
 from hafiza.server.errors import ApiError
 from hafiza.server.prefixes import PrefixIndex
 from hafiza.server.state import server_state
@@ -167,20 +168,26 @@ async def dashboard_asset(name: str) -> Response:
     return Response(_static(name), media_type=STATIC_TYPES[name], headers={"cache-control": "no-store"})
 
 
-@router.get("/dashboard/state", dependencies=[Depends(require_any_key)])
+@router.get("/dashboard/state", dependencies=[Depends(require_access(lambda s: s.dashboard_auth))])
 async def dashboard_state(request: Request, limit: int = 20) -> JSONResponse:
-    """One consistent snapshot: KV pool, blocks by state, prefix cache, requests, rates, prefixes, tiers."""
+    """One consistent snapshot: KV pool, blocks by state, prefix cache, requests, rates, prefixes, tiers. Unless
+    the caller is admin, a prefix's `head` and `tail` (cached prompt text) and `id` (its leaf block hash, which
+    would let anyone test guesses of a prompt offline) are null."""
     state = server_state(request)
     mon: Monitor = request.app.state.dashboard
     limit = max(1, min(limit, 200))
     engine = await _on_engine(request, lambda e: mon.engine_state(e, limit))
+    admin = caller(request).role >= Role.ADMIN
+    if not admin:
+        for row in engine["prefixes"]:
+            row["head"] = row["tail"] = row["id"] = None
     tiers = await asyncio.to_thread(tier_state, mon.store())
     return JSONResponse({"time": time.time(), "model": state.settings.model_name,
-                         "auth": state.settings.api_key is not None, **engine, "store": tiers},
+                         "auth": not state.settings.is_open, "admin": admin, **engine, "store": tiers},
                         headers={"cache-control": "no-store"})
 
 
-@router.post("/dashboard/prefixes/{prefix_id}/drop", dependencies=[Depends(require_any_key)])
+@router.post("/dashboard/prefixes/{prefix_id}/drop", dependencies=[Depends(require_admin)])
 async def drop_prefix(request: Request, prefix_id: str, include_shared: bool = False,
                       tiers: bool = True) -> dict[str, Any]:
     """Evict a listed prefix's own cached blocks (with `include_shared`, also those other prefixes share) from the
@@ -203,7 +210,7 @@ def delete_from_tiers(connector: Any, hashes: list[str]) -> dict[str, int]:
     return {tier.name: sum(tier.delete(k) for k in keys) for tier in connector.store.tiers}
 
 
-@router.post("/dashboard/tiers/{name}/clear", dependencies=[Depends(require_any_key)])
+@router.post("/dashboard/tiers/{name}/clear", dependencies=[Depends(require_admin)])
 async def clear_tier(request: Request, name: str) -> dict[str, Any]:
     """Empty one store tier, or with `pool` evict every cached block of the KV pool that no request holds."""
     mon: Monitor = request.app.state.dashboard

@@ -3,6 +3,10 @@
 The result becomes the `x-hafiza-cache` response header, e.g.
 `partial; reused=1200; prompt=1262; reason=diverged; at=message[0]; offset=1203; similar=msg_1f…`,
 and a log line for every request that is not a full hit.
+
+An explanation only ever compares a prompt with earlier prompts of the same cache partition (API key and
+`cache_salt`), since it can reveal how far those prompts agree with it. By default it names no other request and
+no token offset (`at=`, `offset=`, `similar=` are left out): `details=True` (`--explain-details`) adds them.
 """
 
 from __future__ import annotations
@@ -51,19 +55,22 @@ class _Seen:
     ids: np.ndarray
     hashes: dict[str, str]
     computed_at: float
+    partition: str | None = None
 
 
 class CacheExplainer:
-    """Remembers the last `history` prompts (token ids and per-turn hashes) to explain the next ones."""
+    """Remembers the last `history` prompts (token ids, per-turn hashes, partition) to explain the next ones;
+    `details` puts the other request's id and the token offset in explanations."""
 
-    def __init__(self, block_size: int, history: int = 256) -> None:
-        self.block_size, self.history = block_size, history
+    def __init__(self, block_size: int, history: int = 256, details: bool = False) -> None:
+        self.block_size, self.history, self.details = block_size, history, details
         self.seen: OrderedDict[str, _Seen] = OrderedDict()
 
     def explain(self, request_id: str, prompt: Prompt, cached: int, arrival: float, computed_at: float,
-                ignored_breakpoints: int = 0, min_cache_tokens: int = 0) -> Explanation:
+                ignored_breakpoints: int = 0, min_cache_tokens: int = 0, partition: str | None = None
+                ) -> Explanation:
         """Explain `cached` reused tokens of `prompt` (times on the engine's monotonic clock: when the request
-        arrived, when its prompt was fully computed), then remember the prompt."""
+        arrived, when its prompt was fully computed) against earlier prompts of `partition`, then remember it."""
         ids = np.asarray(prompt.ids, dtype=np.int32)
         n, bs = len(ids), self.block_size
         reusable = (n - 1) // bs * bs
@@ -71,20 +78,22 @@ class CacheExplainer:
         exp = Explanation(status, cached, n, ignored_breakpoints=ignored_breakpoints,
                           min_cache_tokens=min_cache_tokens)
         if status != "hit":
-            self._diagnose(exp, ids, prompt, cached, reusable, arrival)
-        self._remember(request_id, _Seen(ids, prompt.segment_hashes, computed_at))
+            self._diagnose(exp, ids, prompt, cached, reusable, arrival, partition)
+        self._remember(request_id, _Seen(ids, prompt.segment_hashes, computed_at, partition))
         if status != "hit":
             log.info("cache %s for %s: %s", status, request_id, exp.header())
         return exp
 
     def _diagnose(self, exp: Explanation, ids: np.ndarray, prompt: Prompt, cached: int, reusable: int,
-                  arrival: float) -> None:
+                  arrival: float, partition: str | None) -> None:
         if reusable == 0:
             exp.reason = "short"
             return
         best: tuple[int, int] | None = None
         best_id = ""
         for rid, seen in self.seen.items():
+            if seen.partition != partition:
+                continue
             common = _common_prefix(ids, seen.ids)
             shared = sum(1 for k, v in prompt.segment_hashes.items() if seen.hashes.get(k) == v)
             key = (common // self.block_size, shared)
@@ -95,7 +104,8 @@ class CacheExplainer:
             return
         seen = self.seen[best_id]
         common = _common_prefix(ids, seen.ids)
-        exp.similar, exp.offset, exp.at = best_id, common, prompt.segment_at(common)
+        if self.details:
+            exp.similar, exp.offset, exp.at = best_id, common, prompt.segment_at(common)
         expected = min(common, len(ids) - 1) // self.block_size * self.block_size
         if cached < expected:
             exp.reason = "in_flight" if arrival < seen.computed_at else "evicted"
@@ -106,7 +116,7 @@ class CacheExplainer:
 
     def _remember(self, request_id: str, new: _Seen) -> None:
         for rid, seen in list(self.seen.items()):
-            if len(seen.ids) == len(new.ids) and np.array_equal(seen.ids, new.ids):
+            if seen.partition == new.partition and len(seen.ids) == len(new.ids) and np.array_equal(seen.ids, new.ids):
                 new.computed_at = min(new.computed_at, seen.computed_at)
                 del self.seen[rid]
         self.seen[request_id] = new

@@ -21,12 +21,16 @@ from hafiza.server.streaming import ClientGone, DisconnectWatch, OutputStream
 
 
 class Generation:
-    """Runs `prompt` on the engine for one HTTP request. Always `close()` it (it aborts an unfinished request)."""
+    """Runs `prompt` on the engine for one HTTP request. Always `close()` it (it aborts an unfinished request).
+    `cache_salt` is the request's cache partition (see `request_partition`): it keys its blocks in the pool and
+    every tier, and the explainer compares it only with prompts of the same partition."""
 
     def __init__(self, state: ServerState, api: str, request: Request, prompt: Prompt, params: SamplingParams,
-                 request_id: str, pins: Sequence[CachePin] = (), ignored_breakpoints: int = 0) -> None:
+                 request_id: str, pins: Sequence[CachePin] = (), ignored_breakpoints: int = 0,
+                 cache_salt: str | None = None) -> None:
         self.state, self.api, self.request, self.prompt, self.params = state, api, request, prompt, params
         self.request_id, self.pins, self.ignored_breakpoints = request_id, list(pins), ignored_breakpoints
+        self.cache_salt = cache_salt
         self.stream: OutputStream | None = None
         self.explanation: Explanation | None = None
         self.last: RequestOutput | None = None
@@ -44,13 +48,13 @@ class Generation:
     async def start(self) -> RequestOutput:
         """Queue the request and wait for its first output (the prompt is then fully computed)."""
         self.stream = OutputStream(self.state.aengine, self.prompt.ids, self.params, self.request_id, self.pins,
-                                   DisconnectWatch(self.request))
+                                   DisconnectWatch(self.request), self.cache_salt)
         first = await self.next()
         assert first is not None
         computed_at = first.first_token_time or time.monotonic()
         self.explanation = self.state.explainer.explain(
             self.request_id, self.prompt, first.num_cached_tokens, first.arrival_time, computed_at,
-            self.ignored_breakpoints, self.state.settings.min_cache_tokens)
+            self.ignored_breakpoints, self.state.settings.min_cache_tokens, self.cache_salt)
         if first.first_token_time is not None:
             self.state.metrics.ttft.labels(self.api).observe(first.first_token_time - first.arrival_time)
         return first

@@ -31,7 +31,8 @@ class ServerState:
                registry: CollectorRegistry | None = None) -> ServerState:
         engine = aengine.engine
         metrics = ServerMetrics(aengine.stats, settings.model_name, settings.prices, registry)
-        return cls(aengine, settings, metrics, CacheExplainer(engine.layout.block_size, settings.explain_history))
+        explainer = CacheExplainer(engine.layout.block_size, settings.explain_history, settings.explain_details)
+        return cls(aengine, settings, metrics, explainer)
 
     @property
     def tokenizer(self) -> Tokenizer:

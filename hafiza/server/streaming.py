@@ -48,10 +48,11 @@ class OutputStream:
     """One engine request's outputs, buffered; exceptions from the engine are re-raised to the reader."""
 
     def __init__(self, aengine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                 pins: Sequence[CachePin], watch: DisconnectWatch) -> None:
+                 pins: Sequence[CachePin], watch: DisconnectWatch, cache_salt: str | None = None) -> None:
         self.watch = watch
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._task = asyncio.create_task(self._pump(aengine.generate(prompt_ids, params, request_id, pins=pins)))
+        self._task = asyncio.create_task(self._pump(aengine.generate(prompt_ids, params, request_id,
+                                                                     cache_salt=cache_salt, pins=pins)))
         self.done = False
 
     async def _pump(self, outputs: AsyncIterator[RequestOutput]) -> None:

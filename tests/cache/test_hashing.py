@@ -38,3 +38,17 @@ def test_same_hashes_in_another_process_with_another_hash_seed() -> None:
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert json.loads(out.stdout) == chain_hashes(TOKENS, 16, list(EXTRA))
+
+
+def test_partitions_are_distinct_and_never_contain_the_key() -> None:
+    from hafiza.cache.hashing import key_partition, partition
+
+    assert partition() is None and partition(None, None) is None
+    key = key_partition("sk-secret-1")
+    assert "sk-secret-1" not in key and key != key_partition("sk-secret-2")
+    parts = {partition(key, None), partition(None, "s"), partition(key, "s"), partition("ab", "c"),
+             partition("a", "bc"), partition("\ud800")}
+    assert len(parts) == 6
+    assert partition(key, "s") == partition(key, "s")
+    first = {chain_hashes(TOKENS, 16, (*EXTRA[:3], p))[0] for p in (None, *parts)}
+    assert len(first) == 7

@@ -78,7 +78,8 @@ def _start(aengine: AsyncEngine, settings: ServerSettings) -> Iterator[ServerThr
 @pytest.fixture(scope="session")
 def server(engine: AsyncEngine, default_model: LoadedModel) -> Iterator[Server]:
     name = served_name(default_model)
-    settings = ServerSettings(model_name=name, aliases=("smollm2",), max_body_bytes=256 * 1024)
+    settings = ServerSettings(model_name=name, aliases=("smollm2",), max_body_bytes=256 * 1024,
+                              explain_details=True)  # the explain tests read offsets and similar=
     for thread in _start(engine, settings):
         yield Server(thread.url, name, engine)
 

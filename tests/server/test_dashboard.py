@@ -2,7 +2,7 @@
 
 The server is uvicorn on a loopback port over the default model, with a RAM store tier. Checks: the page loads
 without console errors, its charts move while requests run, dropping a cached prefix from the table evicts it
-(the next identical request reads fewer cached tokens), and the state and actions are authorised like the API.
+(the next identical request reads fewer cached tokens), the state needs a key and the actions the admin key.
 Set HAFIZA_DASHBOARD_SCREENSHOT=docs/dashboard.png to refresh the committed screenshot.
 """
 
@@ -30,6 +30,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 KEY = "dash-key-42"
+ADMIN = "dash-admin-7"
 WORDS = ["kernel", "ledger", "harbor", "copper", "meadow", "lantern", "orbit", "pepper", "marble", "signal", "valley"]
 
 
@@ -42,7 +43,8 @@ class Site:
         open_app = create_app(self.aengine, ServerSettings(model_name=self.model, min_cache_tokens=32))
         self.connector = attach_store(self.aengine, open_app, StoreOptions(ram="32MiB"))
         self.open = ServerThread(open_app).start()
-        self.keyed = ServerThread(create_app(self.aengine, ServerSettings(model_name=self.model, api_key=KEY))).start()
+        keyed = ServerSettings(model_name=self.model, api_key=KEY, admin_key=ADMIN)
+        self.keyed = ServerThread(create_app(self.aengine, keyed)).start()
 
     def ask(self, system: str, question: str, max_tokens: int = 4) -> dict:
         """One Anthropic request with a cache breakpoint on `system`; returns its usage."""
@@ -172,27 +174,31 @@ def test_keyed_dashboard_asks_for_the_key(site: Site, browser) -> None:
     page.close()
 
 
-def test_state_and_actions_are_authorised_like_the_api(site: Site) -> None:
+def test_state_needs_a_key_and_actions_the_admin_key(site: Site) -> None:
     url = site.keyed.url
     assert httpx.get(f"{url}/dashboard").status_code == 200  # the page itself asks for the key
     assert httpx.get(f"{url}/dashboard/state").status_code == 401
-    assert httpx.post(f"{url}/dashboard/tiers/ram/clear").status_code == 401
-    assert httpx.post(f"{url}/dashboard/prefixes/{'0' * 32}/drop", headers={"x-api-key": "wrong"}).status_code == 401
+    assert httpx.post(f"{url}/dashboard/tiers/ram/clear", json={}).status_code == 401
+    wrong = {"x-api-key": "wrong"}
+    assert httpx.post(f"{url}/dashboard/prefixes/{'0' * 32}/drop", json={}, headers=wrong).status_code == 401
     state = httpx.get(f"{url}/dashboard/state", headers={"authorization": f"Bearer {KEY}"})
-    assert state.status_code == 200 and state.json()["auth"] is True
-    headers = {"x-api-key": KEY}
-    assert httpx.post(f"{url}/dashboard/prefixes/{'0' * 32}/drop", headers=headers).status_code == 404
-    assert httpx.post(f"{url}/dashboard/tiers/nowhere/clear", headers=headers).status_code == 404
+    assert state.status_code == 200 and state.json()["auth"] is True and state.json()["admin"] is False
+    api = {"x-api-key": KEY}
+    assert httpx.post(f"{url}/dashboard/prefixes/{'0' * 32}/drop", json={}, headers=api).status_code == 403
+    assert httpx.post(f"{url}/dashboard/tiers/nowhere/clear", json={}, headers=api).status_code == 403
+    admin = {"x-api-key": ADMIN}
+    assert httpx.post(f"{url}/dashboard/prefixes/{'0' * 32}/drop", json={}, headers=admin).status_code == 404
+    assert httpx.post(f"{url}/dashboard/tiers/nowhere/clear", json={}, headers=admin).status_code == 404
 
 
 def test_clearing_a_tier_and_the_pool(site: Site) -> None:
     site.ask(notes("clear-me"), "Hello?")
     site.connector.flush()
-    cleared = httpx.post(f"{site.open.url}/dashboard/tiers/ram/clear").json()
+    cleared = httpx.post(f"{site.open.url}/dashboard/tiers/ram/clear", json={}).json()
     assert cleared["tier"] == "ram" and cleared["entries_before"] > 0 and cleared["entries_after"] == 0
     state = httpx.get(f"{site.open.url}/dashboard/state").json()
     assert next(t for t in state["store"]["tiers"] if t["name"] == "ram")["entries"] == 0
-    pool = httpx.post(f"{site.open.url}/dashboard/tiers/pool/clear").json()
+    pool = httpx.post(f"{site.open.url}/dashboard/tiers/pool/clear", json={}).json()
     assert pool["dropped_blocks"] > 0
     state = httpx.get(f"{site.open.url}/dashboard/state").json()
     assert state["blocks"]["cached"] == 0 and state["prefixes"] == []

@@ -15,7 +15,7 @@ def prompt(tok, system: str, *user: str):
 
 def test_reasons(default_model: LoadedModel) -> None:
     tok = default_model.tokenizer
-    ex = CacheExplainer(block_size=16)
+    ex = CacheExplainer(block_size=16, details=True)
     system = "You answer questions about a long shared handbook. " * 8
     a = prompt(tok, system, "First question?")
     first = ex.explain("a", a, cached=0, arrival=0.0, computed_at=1.0)
@@ -56,3 +56,30 @@ def test_history_is_bounded_and_deduplicated(default_model: LoadedModel) -> None
     for i in range(5):
         ex.explain(f"s{i}", prompt(tok, f"System {i} " * 10, "q"), cached=0, arrival=9.0, computed_at=9.0)
     assert len(ex.seen) == 3
+
+
+def test_default_names_no_other_request_and_no_offset(default_model: LoadedModel) -> None:
+    tok = default_model.tokenizer
+    ex = CacheExplainer(block_size=16)
+    system = "You answer questions about a long shared handbook. " * 8
+    a = prompt(tok, system, "The PIN is 4821. Then what does chapter seven of the handbook say about safety rules?")
+    ex.explain("a", a, cached=0, arrival=0.0, computed_at=1.0)
+    b = prompt(tok, system, "The PIN is 4829. Then what does chapter seven of the handbook say about safety rules?")
+    common = next(i for i, (x, y) in enumerate(zip(a.ids, b.ids, strict=False)) if x != y)
+    got = ex.explain("b", b, cached=common // 16 * 16, arrival=2.0, computed_at=3.0)
+    assert got.reason == "diverged" and (got.similar, got.offset, got.at) == (None, None, None)
+    assert "offset=" not in got.header() and "similar=" not in got.header() and "at=" not in got.header()
+
+
+def test_other_partitions_are_never_compared(default_model: LoadedModel) -> None:
+    tok = default_model.tokenizer
+    ex = CacheExplainer(block_size=16, details=True)
+    system = "You answer questions about a long shared handbook. " * 8
+    ex.explain("a", prompt(tok, system, "The PIN is 4821."), cached=0, arrival=0.0, computed_at=1.0,
+               partition="tenant-a")
+    other = ex.explain("b", prompt(tok, system, "The PIN is 4829."), cached=0, arrival=2.0, computed_at=3.0,
+                       partition="tenant-b")
+    assert (other.reason, other.similar, other.offset) == ("no_history", None, None)
+    same = ex.explain("c", prompt(tok, system, "The PIN is 4829."), cached=0, arrival=4.0, computed_at=5.0,
+                      partition="tenant-a")
+    assert same.similar == "a" and same.offset is not None

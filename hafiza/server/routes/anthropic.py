@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from hafiza.engine.sampling import SamplingParams
-from hafiza.server.auth import require_anthropic_key
+from hafiza.server.auth import request_partition, require_anthropic_key
 from hafiza.server.body import parse_json, read_body, validate
 from hafiza.server.convert import anthropic_conversation
 from hafiza.server.errors import ApiError
@@ -64,7 +64,8 @@ async def messages(request: Request, state: ServerState = Depends(server_state))
     state.check_request(prompt.ids, params)
     counted = counted_breakpoints(prompt.breakpoints, state.settings.min_cache_tokens)
     gen = Generation(state, API, request, prompt, params, f"msg_{uuid.uuid4().hex[:24]}", pins_for(counted),
-                     ignored_breakpoints=len(prompt.breakpoints) - len(counted))
+                     ignored_breakpoints=len(prompt.breakpoints) - len(counted),
+                     cache_salt=request_partition(request, req.cache_salt))
     try:
         if req.stream:
             first = await start_stream(gen)

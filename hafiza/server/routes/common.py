@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hafiza.server.auth import require_any_key
+from hafiza.server.auth import require_access, require_any_key
 from hafiza.server.errors import ApiError
 from hafiza.server.state import ServerState, server_state
 
@@ -49,7 +49,7 @@ async def get_model(model_id: str, state: ServerState = Depends(server_state)) -
     return _model_entry(state, model_id)
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[Depends(require_access(lambda s: s.metrics_auth))])
 async def metrics(state: ServerState = Depends(server_state)) -> Response:
-    """Prometheus exposition of every collector on the app's registry."""
+    """Prometheus exposition of every collector on the app's registry (protected as `--metrics-auth` says)."""
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

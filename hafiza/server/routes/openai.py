@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from hafiza.engine.sampling import SamplingParams
-from hafiza.server.auth import require_openai_key
+from hafiza.server.auth import request_partition, require_openai_key
 from hafiza.server.body import parse_json, read_body, validate
 from hafiza.server.convert import openai_conversation
 from hafiza.server.errors import ApiError
@@ -61,7 +61,8 @@ async def chat_completions(request: Request, state: ServerState = Depends(server
     prompt = build_prompt(state.tokenizer, openai_conversation(req.messages, req.tools))
     params = sampling_params(req, len(prompt.ids), state.max_model_len)
     state.check_request(prompt.ids, params)
-    gen = Generation(state, API, request, prompt, params, f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    gen = Generation(state, API, request, prompt, params, f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                     cache_salt=request_partition(request, req.cache_salt))
     try:
         if req.stream:
             first = await start_stream(gen)

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hafiza.server.settings import MAX_CACHE_SALT_CHARS
+
 
 class CacheControl(BaseModel):
     """A cache breakpoint: everything up to and including the block it is on may be cached for `ttl`."""
@@ -72,3 +74,4 @@ class MessagesRequest(CountTokensRequest):
     stop_sequences: list[str] | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hafiza.server.settings import MAX_CACHE_SALT_CHARS
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -47,3 +49,4 @@ class ChatCompletionRequest(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)

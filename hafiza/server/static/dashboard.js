@@ -264,7 +264,7 @@ function renderPrefixes(s) {
     tr.dataset.id = p.id;
     tr.dataset.tokens = String(p.tokens);
     const preview = cell(tr, "", "preview");
-    preview.append(document.createTextNode(p.head));
+    preview.append(document.createTextNode(p.head == null ? "(text needs the admin key)" : p.head));
     if (p.tail) {
       const gap = document.createElement("span");
       gap.className = "gap";
@@ -324,7 +324,7 @@ function renderTiers(s) {
 }
 
 async function post(url) {
-  const r = await fetch(url, { method: "POST", headers: headers() });
+  const r = await fetch(url, { method: "POST", headers: { ...headers(), "content-type": "application/json" }, body: "{}" });
   const body = await r.json().catch(() => ({}));
   if (r.status === 401) askForKey();
   if (!r.ok) throw new Error((body.error && body.error.message) || `HTTP ${r.status}`);
