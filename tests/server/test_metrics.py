@@ -50,3 +50,20 @@ def test_cache_savings_follow_usage(http: httpx.Client, server: Server, warm_doc
     saved = value(after, "cache_cost_saved", api="anthropic") - value(before, "cache_cost_saved", api="anthropic")
     assert abs(saved - read * 0.9 * 3.0 / 1e6) < 1e-9
     assert value(after, "prefix_cache_hits_total") > value(before, "prefix_cache_hits_total")
+
+
+def test_metrics_agree_with_every_response_already_sent(http: httpx.Client, server: Server) -> None:
+    """Engine counters on /metrics are taken before a request's last output is delivered: read right after a
+    response, they already count it (no waiting, no race with the periodic snapshot)."""
+    for i in range(6):
+        before = http.get("/metrics").text
+        r = http.post("/v1/chat/completions", json={"model": server.model, "max_tokens": 1 + i % 3, "messages": [
+            {"role": "user", "content": f"consistent metrics {i}"}]})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        after = http.get("/metrics").text
+        assert value(after, "prompt_tokens_total") - value(before, "prompt_tokens_total") == usage["prompt_tokens"]
+        assert (value(after, "generation_tokens_total") - value(before, "generation_tokens_total")
+                == usage["completion_tokens"])
+        assert (value(after, "prefix_cache_queries_total") - value(before, "prefix_cache_queries_total")
+                >= usage["prompt_tokens"] - 1)
