@@ -61,6 +61,21 @@ def serve(
     max_model_len: Annotated[int | None, typer.Option(help="Cap on prompt + output tokens (default: the model's).")
                              ] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted (413 above).")] = 8 * 2**20,
+    max_messages: Annotated[int, typer.Option(help="Most messages in one request (400 above).")] = 10_000,
+    max_prompt_chars: Annotated[int, typer.Option(
+        help="Longest prompt in characters, content and rendered template (400 above).")] = 2_000_000,
+    header_timeout: Annotated[float, typer.Option(
+        help="Seconds a connection may take to send its request headers before it is closed.")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(
+        help="Seconds a request body may take to arrive after its headers (408 above).")] = 60.0,
+    allow_special_tokens_in_content: Annotated[bool, typer.Option(
+        help="Read special-token text in message content as the special token (lets content forge turns).")
+                                               ] = False,
+    max_waiting: Annotated[int | None, typer.Option(
+        help="Most requests waiting for admission; more are refused (429 / 529 with retry-after).")] = None,
+    max_queue_time: Annotated[float | None, typer.Option(
+        help="Seconds a request may wait for admission before it is refused (429 / 529 with retry-after).")
+                              ] = None,
     prices: Annotated[str | None, typer.Option(
         help="Price table for the savings metrics: input_per_mtok=3,read=0.1,write_5m=1.25,write_1h=2.")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -81,12 +96,16 @@ def serve(
     from hafiza.engine import EngineConfig
     from hafiza.errors import HafizaError
     from hafiza.server import PriceTable, ServerSettings, create_app
-    from hafiza.server.launch import describe, served_name, start_engine
+    from hafiza.server.launch import describe, served_name, start_engine, uvicorn_config
 
     if min_cache_tokens < 0 or max_body_bytes < 1:
         raise HafizaError("--min-cache-tokens must be >= 0 and --max-body-bytes >= 1")
     if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
         raise HafizaError("--block-size, --max-num-seqs and --max-num-batched-tokens must be positive")
+    if max_messages < 1 or max_prompt_chars < 1 or not header_timeout > 0 or not body_timeout > 0:
+        raise HafizaError("--max-messages, --max-prompt-chars, --header-timeout and --body-timeout must be positive")
+    if (max_waiting is not None and max_waiting < 0) or (max_queue_time is not None and not max_queue_time > 0):
+        raise HafizaError("--max-waiting must be >= 0 and --max-queue-time > 0")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     security = _security(host, api_key, api_keys_file, admin_key, shared_cache, explain_details, allowed_host,
                          cors_origin, metrics_auth, dashboard_auth)
@@ -95,18 +114,21 @@ def serve(
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                           eviction=eviction, kv_budget_tokens=kv_budget_tokens)
-    aengine = start_engine(model, device, dtype, config)
+    aengine = start_engine(model, device, dtype, config, max_waiting, max_queue_time)
     connector = None
     try:
         lm = aengine.engine.loaded
         name = model_name or served_name(lm)
         aliases = tuple(a for a in (served_name(lm), lm.name) if a != name)
         settings = ServerSettings(model_name=name, aliases=aliases, min_cache_tokens=min_cache_tokens,
-                                  max_body_bytes=max_body_bytes, prices=price_table, **security)
+                                  max_body_bytes=max_body_bytes, prices=price_table, max_messages=max_messages,
+                                  max_prompt_chars=max_prompt_chars, header_timeout_s=header_timeout,
+                                  body_timeout_s=body_timeout,
+                                  allow_special_tokens_in_content=allow_special_tokens_in_content, **security)
         logging.getLogger("hafiza.server").info("serving %r: %s", name, describe(aengine))
         app = create_app(aengine, settings)
         connector = _attach_store(aengine, app, store)
-        uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+        uvicorn.Server(uvicorn_config(app, host, port, log_level.lower(), header_timeout)).run()
     finally:
         aengine.shutdown()
         if connector is not None:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 
 from fastapi import Request
 
-from hafiza.engine.async_engine import EngineDeadError
+from hafiza.engine.async_engine import EngineDeadError, EngineOverloadedError
 from hafiza.engine.engine import RequestOutput
 from hafiza.engine.sampling import SamplingParams
 from hafiza.engine.sequence import CachePin
 from hafiza.errors import RequestError
-from hafiza.server.errors import ApiError
+from hafiza.server.errors import ApiError, OverloadedError
 from hafiza.server.explain import Explanation
 from hafiza.server.prompt import Prompt
 from hafiza.server.state import ServerState
@@ -71,6 +71,8 @@ class Generation:
             raise ApiError(400, str(exc)) from exc
         except EngineDeadError as exc:
             raise ApiError(500, str(exc)) from exc
+        except EngineOverloadedError as exc:
+            raise OverloadedError(str(exc), exc.retry_after_s) from exc
         if out is not None:
             self._observe(out)
         return out

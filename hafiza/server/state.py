@@ -31,6 +31,7 @@ class ServerState:
                registry: CollectorRegistry | None = None) -> ServerState:
         engine = aengine.engine
         metrics = ServerMetrics(aengine.stats, settings.model_name, settings.prices, registry)
+        aengine.admission_listeners.append(metrics.queue_time.observe)
         explainer = CacheExplainer(engine.layout.block_size, settings.explain_history, settings.explain_details)
         return cls(aengine, settings, metrics, explainer)
 

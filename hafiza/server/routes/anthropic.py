@@ -11,10 +11,11 @@ from fastapi.responses import JSONResponse, Response
 
 from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_anthropic_key
-from hafiza.server.body import parse_json, read_body, validate
+from hafiza.server.body import check_message_count, parse_json, read_body, validate
 from hafiza.server.convert import anthropic_conversation
 from hafiza.server.errors import ApiError
 from hafiza.server.generation import Generation, run_to_end, start_stream
+from hafiza.server.offload import off_loop
 from hafiza.server.prompt import Prompt, build_prompt
 from hafiza.server.schemas.anthropic import CountTokensRequest, MessagesRequest
 from hafiza.server.state import ServerState, server_state
@@ -41,10 +42,18 @@ def usage_json(usage: CacheUsage, output_tokens: int) -> dict[str, Any]:
 
 async def _prompt(request: Request, state: ServerState, model: type[CountTokensRequest]
                   ) -> tuple[Any, Prompt]:
-    body = parse_json(await read_body(request, state.settings.max_body_bytes))
+    raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
+    return await off_loop(_prepare, raw, state, model)
+
+
+def _prepare(raw: bytes, state: ServerState, model: type[CountTokensRequest]) -> tuple[Any, Prompt]:
+    """Body bytes to the validated request and its prompt (CPU work: runs on a worker thread)."""
+    body = parse_json(raw)
+    check_message_count(body, state.settings.max_messages)
     req = validate(model, body)
     state.check_model(req.model)
-    return req, build_prompt(state.tokenizer, anthropic_conversation(req))
+    return req, build_prompt(state.tokenizer, anthropic_conversation(req),
+                             state.settings.allow_special_tokens_in_content, state.settings.max_prompt_chars)
 
 
 @router.post("/v1/messages/count_tokens")

@@ -12,11 +12,12 @@ from fastapi.responses import JSONResponse, Response
 
 from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_openai_key
-from hafiza.server.body import parse_json, read_body, validate
+from hafiza.server.body import check_message_count, parse_json, read_body, validate
 from hafiza.server.convert import openai_conversation
 from hafiza.server.errors import ApiError
 from hafiza.server.generation import Generation, run_to_end, start_stream
-from hafiza.server.prompt import build_prompt
+from hafiza.server.offload import off_loop
+from hafiza.server.prompt import Prompt, build_prompt
 from hafiza.server.schemas.openai import ChatCompletionRequest
 from hafiza.server.state import ServerState, server_state
 from hafiza.server.streaming import ClientGone, SSEResponse, sse
@@ -52,13 +53,21 @@ def sampling_params(req: ChatCompletionRequest, prompt_len: int, max_model_len: 
                           top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed, stop=stop)
 
 
+def _prepare(raw: bytes, state: ServerState) -> tuple[ChatCompletionRequest, Prompt]:
+    """Body bytes to the validated request and its prompt (CPU work: runs on a worker thread)."""
+    body = parse_json(raw)
+    check_message_count(body, state.settings.max_messages)
+    req = validate(ChatCompletionRequest, body)
+    state.check_model(req.model)
+    return req, build_prompt(state.tokenizer, openai_conversation(req.messages, req.tools),
+                             state.settings.allow_special_tokens_in_content, state.settings.max_prompt_chars)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, state: ServerState = Depends(server_state)) -> Response:
     """Create a chat completion, streaming (SSE) or not."""
-    body = parse_json(await read_body(request, state.settings.max_body_bytes))
-    req = validate(ChatCompletionRequest, body)
-    state.check_model(req.model)
-    prompt = build_prompt(state.tokenizer, openai_conversation(req.messages, req.tools))
+    raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
+    req, prompt = await off_loop(_prepare, raw, state)
     params = sampling_params(req, len(prompt.ids), state.max_model_len)
     state.check_request(prompt.ids, params)
     gen = Generation(state, API, request, prompt, params, f"chatcmpl-{uuid.uuid4().hex[:24]}",
