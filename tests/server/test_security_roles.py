@@ -5,6 +5,10 @@ configured; /metrics and /dashboard/state are protected as configured."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -13,6 +17,7 @@ import pytest
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.errors import HafizaError
 from hafiza.server import ServerSettings
+from hafiza.server.launch import free_port
 from hafiza.server.settings import Access, read_keys_file
 from tests.server.conftest import Server, _start, long_text
 
@@ -186,3 +191,61 @@ def test_settings_refuse_unsafe_combinations(tmp_path) -> None:
         read_keys_file(path)
     s = ServerSettings(api_key="a", api_keys=("b", "a"))
     assert s.keys == ("a", "b") and s.partition_by_key and not ServerSettings(api_key="a").partition_by_key
+
+
+def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hafiza", "serve", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--metrics-auth", "bogus"), "--metrics-auth must be none, api or admin, got 'bogus'"),
+    (("--api-key", "k1", "--admin-key", "k1"), "--admin-key must differ from every --api-key"),
+    (("--api-key", "k1", "--dashboard-auth", "admin"), "--dashboard-auth admin needs --admin-key"),
+    (("--api-keys-file", "/nonexistent/keys"), "--api-keys-file /nonexistent/keys: cannot read it")])
+def test_serve_refuses_bad_security_flags_in_one_line(args: tuple[str, ...], message: str) -> None:
+    done = run_serve(*args)
+    assert done.returncode == 2 and message in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_serve_with_several_keys_partitions_and_checks_hosts(tmp_path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"# tenants\n{BOB}\n", encoding="utf-8")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hafiza", "serve", "--port", str(port), "--api-key", ALICE,
+                             "--api-keys-file", str(keys), "--admin-key", ADMIN], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.5)
+        with httpx.Client(base_url=url, timeout=300) as c:
+            model = c.get("/v1/models", headers={"x-api-key": ALICE}).json()["data"][0]["id"]
+            text = long_text("cli-keys", 200)
+
+            def cached_tokens(key: str) -> int:
+                r = c.post("/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, json={
+                    "model": model, "max_tokens": 1, "messages": [{"role": "user", "content": text}]})
+                assert r.status_code == 200, r.text
+                return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+            assert cached_tokens(ALICE) == 0
+            assert cached_tokens(BOB) == 0  # the keys file's key is a partition of its own
+            assert cached_tokens(ALICE) >= 192
+            assert c.get("/health", headers={"host": f"evil.example:{port}"}).status_code == 400
+            assert c.get("/dashboard/state", headers={"x-api-key": BOB}).json()["admin"] is False
+            assert c.post("/dashboard/tiers/pool/clear", json={}, headers={"x-api-key": BOB}).status_code == 403
+            assert c.post("/dashboard/tiers/pool/clear", json={}, headers={"x-api-key": ADMIN}).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    assert "Traceback" not in out and ALICE not in out and BOB not in out
