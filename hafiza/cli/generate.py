@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from hafiza.cli import app
-from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype
+from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype, Weights
 
 
 @app.command()
@@ -25,6 +25,7 @@ def generate(
     chat: Annotated[bool, typer.Option(help="Wrap the prompt in the model's chat template.")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="Compute dtype: fp32 or bf16.")] = "fp32",
+    weights: Weights = "auto",
     kv_dtype: KvDtype = "auto",
     eviction: Eviction = None,
     kv_budget_tokens: KvBudgetTokens = None,
@@ -34,7 +35,7 @@ def generate(
     from hafiza.models import load_model
 
     t0 = time.perf_counter()
-    lm = load_model(model, dtype=dtype, device=device)
+    lm = load_model(model, dtype=dtype, device=device, weights=weights)
     load_s = time.perf_counter() - t0
     engine = LLMEngine(lm, EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens))
     text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt

@@ -11,3 +11,5 @@ KvDtype = Annotated[str, typer.Option(
 Eviction = Annotated[str | None, typer.Option(
     help="Token eviction beyond --kv-budget-tokens: streaming (sinks + recent) or h2o (heavy hitters).")]
 KvBudgetTokens = Annotated[int | None, typer.Option(help="With --eviction: most KV tokens one sequence keeps.")]
+Weights = Annotated[str, typer.Option(
+    help="Weight format: auto (the file's: GGUF 4-bit -> int4, Q5/Q6/Q8 -> int8), q4, q8, bf16, or fp32 (exact).")]

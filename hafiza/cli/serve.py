@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hafiza.cli import app
-from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype
+from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype, Weights
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -55,6 +55,7 @@ def serve(
         help="Shortest prefix a cache_control breakpoint caches (shorter ones are ignored, no error).")] = 1024,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     dtype: Annotated[str, typer.Option(help="Compute dtype: fp32 or bf16.")] = "fp32",
+    weights: Weights = "auto",
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
     max_num_seqs: Annotated[int, typer.Option(help="Most requests in the running batch.")] = 64,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Most tokens computed per engine step.")] = 512,
@@ -114,7 +115,7 @@ def serve(
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                           eviction=eviction, kv_budget_tokens=kv_budget_tokens)
-    aengine = start_engine(model, device, dtype, config, max_waiting, max_queue_time)
+    aengine = start_engine(model, device, dtype, config, max_waiting, max_queue_time, weights=weights)
     connector = None
     try:
         lm = aengine.engine.loaded

@@ -1,17 +1,20 @@
-"""Read a GGUF file: metadata to ModelConfig, tensors dequantized once to Hugging Face names and layout."""
+"""Read a GGUF file: metadata to ModelConfig, tensors as lazy row Sources in Hugging Face names and layout."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from hafiza.errors import ModelLoadError
 from hafiza.models.config import ModelConfig
+from hafiza.models.ggml_blocks import BLOCK, SUPPORTED, unpack_rows
+from hafiza.models.weights import Source
 
 GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
 
@@ -89,10 +92,10 @@ def config_from_gguf(fields: dict[str, Any], path: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: GGUF metadata incomplete or malformed ({exc})") from exc
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's rotary permutation of q/k rows so the weights match Hugging Face's rotate-half RoPE."""
-    shape = w.shape
-    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+def _unpermute_rows(rows: int, n_head: int) -> np.ndarray:
+    """Source row of each output row that undoes llama.cpp's rotary permutation of q/k, so the weights match
+    Hugging Face's rotate-half RoPE."""
+    return np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(rows)
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -110,31 +113,69 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf_weights(
-    reader: GGUFReader, config: ModelConfig, path: Path, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor once to `dtype`, in Hugging Face names and [out, in] layout."""
-    weights: dict[str, torch.Tensor] = {}
+_DENSE_TYPES = {GGMLQuantizationType.F32: (np.float32, torch.float32),
+                GGMLQuantizationType.F16: (np.float16, torch.float16),
+                GGMLQuantizationType.BF16: (np.int16, torch.bfloat16)}
+
+
+def _tensor_source(f: BinaryIO, t: ReaderTensor, name: str, shape: tuple[int, ...], perm: np.ndarray | None,
+                   path: Path) -> Source:
+    """Rows of one tensor read with pread from the open file (never the whole file mapped into memory)."""
+    qtype = GGMLQuantizationType(int(t.tensor_type))
+    rows = shape[0]
+    k = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    row_bytes = int(t.n_bytes) // rows
+    offset = int(t.data_offset)
+
+    def raw(a: int, b: int) -> np.ndarray:
+        lo, hi = (a, b) if perm is None else (int(perm[a:b].min()), int(perm[a:b].max()) + 1)
+        buf = os.pread(f.fileno(), (hi - lo) * row_bytes, offset + lo * row_bytes)
+        if len(buf) != (hi - lo) * row_bytes:
+            raise ModelLoadError(f"{path}: tensor {t.name} is truncated ({len(buf)} bytes where "
+                                 f"{(hi - lo) * row_bytes} were expected)")
+        arr = np.frombuffer(buf, dtype=np.uint8).reshape(hi - lo, row_bytes)
+        return arr if perm is None else arr[perm[a:b] - lo]
+
+    if qtype in SUPPORTED:
+        return Source(name, shape, lambda a, b: unpack_rows(raw(a, b), qtype, k), bits=BLOCK[qtype][2],
+                      group=BLOCK[qtype][3])
+    if qtype in _DENSE_TYPES:
+        np_dtype, torch_dtype = _DENSE_TYPES[qtype]
+
+        def dense(a: int, b: int) -> torch.Tensor:
+            arr = raw(a, b).view(np_dtype).reshape((b - a, *shape[1:]))
+            return torch.from_numpy(arr.copy()).view(torch_dtype)
+
+        return Source(name, shape, dense, dense_dtype=torch_dtype)
+
+    def other(a: int, b: int) -> torch.Tensor:  # a quantized type without its own unpacker: gguf's numbers
+        return torch.from_numpy(dequantize(raw(a, b), qtype).reshape(b - a, *shape[1:]))
+
+    return Source(name, shape, other, bits=8)
+
+
+def gguf_sources(reader: GGUFReader, f: BinaryIO, config: ModelConfig, path: Path) -> dict[str, Source]:
+    """Every tensor hafiza uses, in Hugging Face names and [out, in] layout, read lazily from the open file."""
+    sources: dict[str, Source] = {}
     permuted = config.arch in ("llama", "mistral")
+    size = path.stat().st_size
     for t in reader.tensors:
         name = _hf_name(t.name)
         if name is None:
             continue
-        try:
-            arr = dequantize(t.data, t.tensor_type)
-        except Exception as exc:
-            raise ModelLoadError(f"{path}: tensor {t.name} is corrupt or truncated ({exc})") from exc
-        expected = tuple(int(x) for x in reversed(t.shape.tolist()))
-        if arr.size != int(np.prod(expected)):
-            raise ModelLoadError(f"{path}: tensor {t.name} has {arr.size} values, expected shape {expected}")
-        arr = arr.reshape(expected) if len(expected) > 1 else arr.reshape(-1)
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        if int(np.prod(shape)) != int(t.n_elements) or int(t.data_offset) + int(t.n_bytes) > size:
+            raise ModelLoadError(f"{path}: tensor {t.name} is corrupt or truncated (shape {shape}, "
+                                 f"{int(t.n_elements)} values, {int(t.n_bytes)} bytes at {int(t.data_offset)} "
+                                 f"of a {size}-byte file)")
+        perm = None
         if permuted and t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            arr = _unpermute(arr, config.num_heads)
+            perm = _unpermute_rows(shape[0], config.num_heads)
         elif permuted and t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            arr = _unpermute(arr, config.num_kv_heads)
-        weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32)).to(dtype)
-    if "lm_head.weight" not in weights:
+            perm = _unpermute_rows(shape[0], config.num_kv_heads)
+        sources[name] = _tensor_source(f, t, name, shape, perm, path)
+    if "lm_head.weight" not in sources:
         config.tie_word_embeddings = True
-    if "rope_freqs" in weights:
+    if "rope_freqs" in sources:
         config.rope_scaling = {"rope_type": "freq_factors"}
-    return weights
+    return sources

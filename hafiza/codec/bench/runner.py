@@ -120,7 +120,7 @@ def run(texts: list[Path], tokens: int, coders: list[str], quantized: bool = Tru
     from hafiza.models import load_model
 
     torch.set_num_threads(1)
-    lm = load_model(dtype="fp32", device="cpu")
+    lm = load_model(dtype="fp32", device="cpu", weights="fp32")
     preds = _Predictors(lm, grid)
     measurements: list[tuple[str, Measurement]] = []
     text_info, entropy = [], {}

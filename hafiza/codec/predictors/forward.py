@@ -48,15 +48,15 @@ def _int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 class _Linears:
     """One layer's four matmuls at one precision: maps fp32 (or bf16) activations to the residual dtype."""
 
-    def __init__(self, lw: LayerWeights, variant: str) -> None:
+    def __init__(self, lw: LayerWeights, variant: str, target: LlamaModel) -> None:
         self.variant = variant
         names = ("qkv", "o", "gate_up", "down")
         if variant == "int8":
-            self.w = {n: Int8Weight.of(getattr(lw, n).float()) for n in names}
+            self.w = {n: Int8Weight.of(getattr(lw, n).dense()) for n in names}
         elif variant in ("bf16-mixed", "bf16"):
-            self.w = {n: getattr(lw, n).to(torch.bfloat16) for n in names}
+            self.w = {n: getattr(lw, n).dense().to(torch.bfloat16) for n in names}
         else:
-            self.w = {n: getattr(lw, n) for n in names}
+            self.w = {n: getattr(lw, n).dense().to(target.dtype) for n in names}
         self.bias = lw.qkv_bias
 
     def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +79,7 @@ class PredictorModel:
             raise ValueError(f"unknown speculative variant {variant!r}: {', '.join(VARIANTS)}")
         self.target, self.variant = target, variant
         self.exact_layers = min(max(exact_layers, 0), target.config.num_layers)
-        self.linears = [_Linears(lw, "exact" if i < self.exact_layers else variant)
+        self.linears = [_Linears(lw, "exact" if i < self.exact_layers else variant, target)
                         for i, lw in enumerate(target.layers)]
         self.bf16_norms = [(lw.input_norm.to(torch.bfloat16), lw.post_norm.to(torch.bfloat16))
                            for lw in target.layers]
@@ -93,7 +93,7 @@ class PredictorModel:
         positions = torch.arange(t, device=m.device)
         cos, sin = m.rope.cos_sin(positions, t - 1)
         ks, vs = [], []
-        x = F.embedding(ids, m.embed)
+        x = m.embed(ids)
         for i, lw in enumerate(m.layers):
             low = "bf16" if (i >= self.exact_layers and self.variant == "bf16") else None
             x = x.to(torch.bfloat16) if low else x.to(m.dtype)

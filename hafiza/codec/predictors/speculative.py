@@ -79,7 +79,7 @@ class SpeculativePredictor(Predictor):
         if self._model is None:
             from hafiza.models import load_model
 
-            self._model = load_model(dtype="fp32", device="cpu")
+            self._model = load_model(dtype="fp32", device="cpu", weights="fp32")
         return self._model
 
     @property

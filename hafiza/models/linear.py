@@ -1,0 +1,287 @@
+"""Weight formats for the model's matmuls and its embedding table, each one torch kernel on CPU and CUDA.
+
+- `Int4Linear`: int4 group-wise (32 wide, bf16 scale + zero, w = (q - 8) * scale + zero), torch's packed
+  weight-only kernel (`_weight_int4pack_mm_for_cpu` on the CPU, `_weight_int4pack_mm` on CUDA).
+- `Int8Linear`: int8 per output channel (bf16 scale), `_weight_int8pack_mm`.
+- `DenseLinear`: fp32 / bf16 / fp16 weights, `F.linear`.
+- `GroupedRows`: an embedding table as int8 with fp32 scale + zero per group, so a GGUF embedding of any type is
+  looked up exactly (gguf's own values) at ~1.25 bytes per value.
+
+Contract: row i of every output depends only on row i of the input, bit for bit, whatever the number of rows
+(tests/models/test_linear_formats.py). The packed kernels keep it as they are; measurements: docs/WEIGHTS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+INT4_GROUP = 32
+FP32_ROW_TILE = 16
+
+
+class Linear(Protocol):
+    """x [M, in] in the compute dtype -> [M, out] in the same dtype."""
+
+    kind: str
+    out_features: int
+    in_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def dense(self) -> torch.Tensor: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+Matmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class DenseLinear:
+    """A plain weight [out, in] in fp32, bf16 or fp16; the input is cast to the weight's dtype and back.
+    `matmul` is F.linear unless the model gives a faster one with the same values (fp32 decode on the CPU)."""
+
+    def __init__(self, w: torch.Tensor, matmul: Matmul = F.linear) -> None:
+        self.w, self.matmul = w.contiguous(), matmul
+        self.out_features, self.in_features = w.shape
+        self.kind = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[w.dtype]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w.dtype == torch.float32 and x.device.type == "cpu":
+            return self._fp32_cpu(x.float()).to(x.dtype)
+        if x.dtype == self.w.dtype:
+            return self.matmul(x, self.w)
+        return self.matmul(x.to(self.w.dtype), self.w).to(x.dtype)
+
+    def _fp32_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """MKL's fp32 values for a row change with the number of rows below ~10; padded to a multiple of
+        FP32_ROW_TILE rows with zeros they do not (tests/models/test_linear_formats.py), at the cost of computing
+        the padding rows."""
+        rows = x.shape[0]
+        pad = -rows % FP32_ROW_TILE
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+        y = self.matmul(x, self.w)
+        return y[:rows] if pad else y
+
+    def dense(self) -> torch.Tensor:
+        return self.w.float()
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.numel() * self.w.element_size()
+
+
+def _pack_int4_cpu_numpy(q: np.ndarray) -> np.ndarray:
+    """The CPU kernel's layout written directly: blocks of 32 output rows, for each input k 16 bytes holding rows
+    j (low nibble) and j + 16 (high nibble). Used only where it equals torch's own packing (checked once)."""
+    n, k = q.shape
+    v = q.reshape(n // 32, 2, 16, k)
+    return np.ascontiguousarray((v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1)).reshape(n, k // 2)
+
+
+def _pack_int4_cpu_torch(q: np.ndarray) -> torch.Tensor:
+    """torch's own packing, 4096 rows at a time (the layout is row-blocked, so chunks concatenate; tested) to
+    bound the int32 transient."""
+    n, k = q.shape
+    out = torch.empty(n, k // 2, dtype=torch.uint8)
+    for a in range(0, n, 4096):
+        chunk = torch.from_numpy(q[a : a + 4096].astype(np.int32))
+        out[a : a + 4096] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(chunk, 1)
+    return out
+
+
+_NUMPY_PACK_MATCHES: list[bool] = []
+
+
+def numpy_pack_matches_torch() -> bool:
+    """Whether this build's CPU int4 layout is the one `_pack_int4_cpu_numpy` writes (160 x 96 random probe)."""
+    if not _NUMPY_PACK_MATCHES:
+        q = np.random.default_rng(0).integers(0, 16, size=(160, 96), dtype=np.uint8)
+        _NUMPY_PACK_MATCHES.append(bool(np.array_equal(_pack_int4_cpu_numpy(q), _pack_int4_cpu_torch(q).numpy())))
+    return _NUMPY_PACK_MATCHES[0]
+
+
+def _pack_int4_cpu(q: np.ndarray) -> torch.Tensor:
+    """uint8 values [N, K] (0..15) -> the CPU kernel's packed [N, K / 2]."""
+    if q.shape[0] % 32 == 0 and numpy_pack_matches_torch():
+        return torch.from_numpy(_pack_int4_cpu_numpy(q))
+    return _pack_int4_cpu_torch(q)
+
+
+def _pack_int4_cuda(q: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
+    """uint8 values [N, K] -> tinygemm's CUDA layout (two values a byte, even index high), inner k tiles."""
+    k = q.shape[1]
+    inner = 8 if k % 128 == 0 else 4 if k % 64 == 0 else 2
+    pairs = torch.from_numpy(np.ascontiguousarray((q[:, ::2] << 4) | q[:, 1::2])).to(device)
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, inner), inner
+
+
+class Int4Linear:
+    """int4 group-wise weights: q in 0..15 per value, bf16 (scale, zero) per 32 inputs and output."""
+
+    kind = "int4"
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, device: torch.device) -> None:
+        """q uint8 [N, K] (0..15), scale/zero fp32 [N, K // 32] with w = (q - 8) * scale + zero."""
+        n, k = q.shape
+        if n % 16 or k % INT4_GROUP:
+            raise ValueError(f"int4 needs out % 16 == 0 and in % {INT4_GROUP} == 0, got [{n}, {k}]")
+        self.out_features, self.in_features, self.device = n, k, device
+        q = np.ascontiguousarray(q, dtype=np.uint8)
+        sz = torch.stack([torch.from_numpy(scale), torch.from_numpy(zero)], dim=-1)  # [N, G, 2]
+        self.scale_zero = sz.transpose(0, 1).contiguous().to(device=device, dtype=torch.bfloat16)
+        if device.type == "cuda":
+            self.packed, _ = _pack_int4_cuda(q, device)
+        else:
+            self.packed = _pack_int4_cpu(q).to(device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if self.device.type == "cuda":
+            y = torch.ops.aten._weight_int4pack_mm(xb, self.packed, INT4_GROUP, self.scale_zero)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, INT4_GROUP, self.scale_zero)
+        return y.to(x.dtype)
+
+    def dense(self) -> torch.Tensor:
+        """The weights as the kernel sees them (fp32 [N, K]), read back through the kernel with an identity."""
+        eye = torch.eye(self.in_features, device=self.device, dtype=torch.float32)
+        return torch.cat([self(eye[a : a + 256]) for a in range(0, self.in_features, 256)]).t().contiguous().float()
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size() + self.scale_zero.numel() * 2
+
+
+def _int8_kernel_works(device: torch.device) -> bool:
+    """Whether this torch build has `_weight_int8pack_mm` for the device (a 16x32 probe)."""
+    try:
+        torch.ops.aten._weight_int8pack_mm(
+            torch.zeros(1, 32, dtype=torch.bfloat16, device=device),
+            torch.zeros(16, 32, dtype=torch.int8, device=device),
+            torch.ones(16, dtype=torch.bfloat16, device=device))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+_INT8_KERNEL: dict[str, bool] = {}
+
+
+class Int8Linear:
+    """int8 weights [N, K] with one bf16 scale per output channel."""
+
+    kind = "int8"
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, device: torch.device) -> None:
+        self.out_features, self.in_features = q.shape
+        self.q = q.to(device=device, dtype=torch.int8).contiguous()
+        self.scale = scale.to(device=device, dtype=torch.bfloat16).contiguous()
+        if device.type not in _INT8_KERNEL:
+            _INT8_KERNEL[device.type] = _int8_kernel_works(device)
+        self.fused = _INT8_KERNEL[device.type]
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor, device: torch.device) -> Int8Linear:
+        """Symmetric per-row int8 of an fp32 [N, K]: scale = max |w| / 127, q = round(w / scale)."""
+        scale = w.abs().amax(dim=1).clamp_min(1e-30) / 127.0
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        return cls(q, scale, device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if self.fused:
+            y = torch.ops.aten._weight_int8pack_mm(xb, self.q, self.scale)
+        else:  # a device without the fused kernel: the same values through a bf16 matmul
+            y = F.linear(xb, self.q.to(torch.bfloat16)) * self.scale
+        return y.to(x.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return self.q.float() * self.scale.float()[:, None]
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * 2
+
+
+class ConcatLinear:
+    """Several linears on the same input whose outputs are concatenated (fused q/k/v of mixed formats)."""
+
+    def __init__(self, parts: list[Linear]) -> None:
+        self.parts = parts
+        self.kind = "+".join(sorted({p.kind for p in parts}))
+        self.out_features = sum(p.out_features for p in parts)
+        self.in_features = parts[0].in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def dense(self) -> torch.Tensor:
+        return torch.cat([p.dense() for p in self.parts])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+class Rows(Protocol):
+    """An embedding table: ids [T] -> [T, hidden] in the compute dtype."""
+
+    kind: str
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def dense(self) -> torch.Tensor: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class DenseRows:
+    """A plain [vocab, hidden] table."""
+
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype) -> None:
+        self.w, self.dtype = w.contiguous(), dtype
+        self.kind = DenseLinear(w).kind
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.w).to(self.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return self.w.float()
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.numel() * self.w.element_size()
+
+
+class GroupedRows:
+    """int8 q [vocab, hidden] with fp32 scale/zero per `group` values: row = q * scale + zero (gguf's values)."""
+
+    kind = "int8-rows"
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, group: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.q = torch.from_numpy(np.ascontiguousarray(q).view(np.int8)).to(device)
+        self.scale = torch.from_numpy(scale).to(device)
+        self.zero = torch.from_numpy(zero).to(device)
+        self.group, self.dtype = group, dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        t, k = ids.shape[0], self.q.shape[1]
+        q = self.q[ids].float().view(t, -1, self.group)
+        return (q * self.scale[ids][..., None] + self.zero[ids][..., None]).view(t, k).to(self.dtype)
+
+    def dense(self) -> torch.Tensor:
+        ids = torch.arange(self.q.shape[0], device=self.q.device)
+        return torch.cat([self(ids[a : a + 4096]).float() for a in range(0, ids.numel(), 4096)])
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + 8 * self.scale.numel()

@@ -1,0 +1,276 @@
+"""Which format each weight takes (`--weights auto|q4|q8|bf16|fp32`) and building it one tensor at a time.
+
+A `Source` reads row ranges of one tensor from wherever it lives (a GGUF file, a safetensors dict) as either
+exact quantized integers (`GroupedInts`) or a dense tensor; nothing here ever holds more than one tensor's
+transient at a time, so no fp32 copy of the whole model exists unless fp32 weights were asked for.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hafiza.errors import HafizaError
+from hafiza.models.ggml_blocks import GroupedInts
+from hafiza.models.linear import (
+    INT4_GROUP,
+    ConcatLinear,
+    DenseLinear,
+    DenseRows,
+    GroupedRows,
+    Int4Linear,
+    Int8Linear,
+    Linear,
+    Rows,
+)
+
+WEIGHT_MODES = ("auto", "q4", "q8", "bf16", "fp32")
+CHUNK_VALUES = 1 << 24  # rows are read and converted ~16M values at a time
+
+_DENSE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_weights_mode(mode: str) -> str:
+    """The mode, or one HafizaError line naming the choices."""
+    if mode not in WEIGHT_MODES:
+        raise HafizaError(f"unknown --weights {mode!r}: use {', '.join(WEIGHT_MODES)}")
+    return mode
+
+
+@dataclass
+class Source:
+    """One tensor in Hugging Face layout ([out, in] or [n]); `read(a, b)` gives rows a..b.
+
+    `bits` is the stored integer width of a quantized tensor (4, 5, 6, 8; `group` its group width), or None
+    for a dense one whose dtype is `dense_dtype`.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    read: Callable[[int, int], GroupedInts | torch.Tensor]
+    bits: int | None = None
+    group: int = 0
+    dense_dtype: torch.dtype = torch.float32
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    def chunks(self) -> list[tuple[int, int]]:
+        k = int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+        step = max(16, (CHUNK_VALUES // max(k, 1)) // 16 * 16)
+        return [(a, min(a + step, self.rows)) for a in range(0, self.rows, step)]
+
+
+def tensor_source(name: str, t: torch.Tensor) -> Source:
+    """A Source over an in-memory tensor (safetensors, tests)."""
+    return Source(name, tuple(t.shape), lambda a, b: t[a:b], dense_dtype=t.dtype)
+
+
+def _as_fp32(part: GroupedInts | torch.Tensor) -> torch.Tensor:
+    if isinstance(part, GroupedInts):
+        return torch.from_numpy(part.dequantize())
+    return part.float()
+
+
+def linear_format(src: Source, mode: str) -> str:
+    """int4 | int8 | fp32 | bf16 | fp16 for one matmul weight under `mode`."""
+    n, k = src.shape
+    int4_ok = n % 16 == 0 and k % INT4_GROUP == 0
+    if mode == "fp32" or mode == "bf16":
+        return mode
+    if mode == "q8":
+        return "int8"
+    if mode == "q4":
+        return "int4" if int4_ok else "int8"
+    if src.bits is None:  # auto on a dense tensor keeps its dtype
+        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(src.dense_dtype, "fp32")
+    return "int4" if src.bits == 4 and src.group == INT4_GROUP and int4_ok else "int8"
+
+
+def _dense(srcs: list[Source], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
+    out = torch.empty(n, k, dtype=dtype, device=device)
+    row = 0
+    for s in srcs:
+        for a, b in s.chunks():
+            out[row + a : row + b] = _as_fp32(s.read(a, b)).to(dtype) if not _keeps(s, dtype) else s.read(a, b)
+        row += s.rows
+    return out
+
+
+def _keeps(s: Source, dtype: torch.dtype) -> bool:
+    return s.bits is None and s.dense_dtype == dtype
+
+
+def _int8(srcs: list[Source], device: torch.device) -> Int8Linear:
+    n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
+    q = torch.empty(n, k, dtype=torch.int8)
+    scale = torch.empty(n, dtype=torch.float32)
+    row = 0
+    for s in srcs:
+        for a, b in s.chunks():
+            w = _as_fp32(s.read(a, b))
+            sc = w.abs().amax(dim=1).clamp_min(1e-30) / 127.0
+            q[row + a : row + b] = torch.round(w / sc[:, None]).clamp_(-127, 127).to(torch.int8)
+            scale[row + a : row + b] = sc
+        row += s.rows
+    return Int8Linear(q, scale, device)
+
+
+def requantize_int4(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fp32 [N, K] -> asymmetric int4 per 32 values: q = round((w - min) / s), s = (max - min) / 15, so
+    w ~ (q - 8) * s + (min + 8 s); returns (q, s, min + 8 s)."""
+    n, k = w.shape
+    g = w.view(n, k // INT4_GROUP, INT4_GROUP)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    s = (hi - lo) / 15.0
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    q = torch.round((g - lo[..., None]) * inv[..., None]).clamp_(0, 15).to(torch.uint8).view(n, k)
+    return q.numpy(), s.numpy(), (lo + 8.0 * s).numpy()
+
+
+def _int4(srcs: list[Source], device: torch.device) -> Int4Linear:
+    n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
+    q = np.empty((n, k), dtype=np.uint8)
+    scale = np.empty((n, k // INT4_GROUP), dtype=np.float32)
+    zero = np.empty_like(scale)
+    row = 0
+    for s in srcs:
+        for a, b in s.chunks():
+            part = s.read(a, b)
+            r = slice(row + a, row + b)
+            if isinstance(part, GroupedInts) and part.bits == 4 and part.group == INT4_GROUP:
+                q[r], scale[r], zero[r] = part.q, part.scale, part.zero + np.float32(8) * part.scale
+            else:
+                q[r], scale[r], zero[r] = requantize_int4(_as_fp32(part))
+        row += s.rows
+    return Int4Linear(q, scale, zero, device)
+
+
+def build_linear(srcs: list[Source], mode: str, device: torch.device) -> Linear:
+    """One matmul over the row-concatenation of `srcs` (fused q/k/v or gate/up); parts whose formats differ
+    are built separately and their outputs concatenated."""
+    formats = [linear_format(s, mode) for s in srcs]
+    if len(set(formats)) > 1:
+        return ConcatLinear([build_linear([s], mode, device) for s in srcs])
+    fmt = formats[0]
+    if fmt == "int4":
+        return _int4(srcs, device)
+    if fmt == "int8":
+        return _int8(srcs, device)
+    return DenseLinear(_dense(srcs, _DENSE[fmt], device))
+
+
+def build_rows(src: Source, mode: str, dtype: torch.dtype, device: torch.device) -> Rows:
+    """The embedding table: dense under fp32/bf16 (or auto on a dense tensor), else int8 rows with a scale and
+    zero per group (exactly gguf's values for a quantized tensor; per 32 values, symmetric, for a dense one)."""
+    if mode in ("fp32", "bf16") or (mode == "auto" and src.bits is None):
+        fmt = mode if mode != "auto" else linear_format(src, "auto")
+        return DenseRows(_dense([src], _DENSE[fmt], device), dtype)
+    v, k = src.shape
+    first = src.read(0, min(16, v))
+    group = first.group if isinstance(first, GroupedInts) else INT4_GROUP
+    q = np.empty((v, k), dtype=np.int8)
+    scale = np.empty((v, k // group), dtype=np.float32)
+    zero = np.zeros_like(scale)
+    for a, b in src.chunks():
+        part = src.read(a, b)
+        if isinstance(part, GroupedInts):
+            q[a:b], scale[a:b], zero[a:b] = part.q.view(np.int8) if part.q.dtype == np.int8 else part.q, \
+                part.scale, part.zero
+        else:
+            w = part.float().view(b - a, k // group, group)
+            sc = w.abs().amax(dim=-1).clamp_min(1e-30) / 127.0
+            q[a:b] = torch.round(w / sc[..., None]).clamp_(-127, 127).to(torch.int8).view(b - a, k).numpy()
+            scale[a:b] = sc.numpy()
+    return GroupedRows(q, scale, zero, group, dtype, device)
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer with q/k/v and gate/up fused so each is a single matmul."""
+
+    input_norm: torch.Tensor
+    qkv: Linear
+    qkv_bias: torch.Tensor | None
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+@dataclass
+class ModelWeights:
+    """Every weight of a Llama-family model in its run-time format."""
+
+    embed: Rows
+    norm: torch.Tensor
+    lm_head: Linear
+    layers: list[LayerWeights]
+    rope_freqs: torch.Tensor | None = None
+    mode: str = "fp32"
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def linears(self) -> list[Linear]:
+        out = [self.lm_head]
+        for lw in self.layers:
+            out += [lw.qkv, lw.o, lw.gate_up, lw.down]
+        return out
+
+    def formats(self) -> dict[str, int]:
+        """Bytes of weights per format (the embedding under its own kind), for reports and benchmarks."""
+        c: Counter[str] = Counter()
+        c[self.embed.kind] += self.embed.nbytes
+        for lin in self.linears():
+            shared = isinstance(lin, DenseLinear) and isinstance(self.embed, DenseRows) and lin.w is self.embed.w
+            if not shared:
+                c[lin.kind] += lin.nbytes
+        return dict(c)
+
+
+def _vector(src: Source, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return _as_fp32(src.read(0, src.rows)).reshape(-1).to(device=device, dtype=dtype)
+
+
+def build_model_weights(sources: dict[str, Source], num_layers: int, tie_embeddings: bool, mode: str,
+                        dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    """All layers from Hugging Face-named sources, one tensor (or one fused group) at a time."""
+    from hafiza.errors import ModelLoadError
+
+    check_weights_mode(mode)
+
+    def src(name: str) -> Source:
+        if name not in sources:
+            raise ModelLoadError(f"model weights lack tensor {name!r}")
+        return sources[name]
+
+    embed_src = src("model.embed_tokens.weight")
+    embed = build_rows(embed_src, mode, dtype, device)
+    head_src = embed_src if tie_embeddings else src("lm_head.weight")
+    if isinstance(embed, DenseRows) and tie_embeddings:
+        lm_head: Linear = DenseLinear(embed.w)
+    else:
+        lm_head = build_linear([head_src], mode, device)
+    layers = []
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        qkv = [src(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+        bias = None
+        if p + "self_attn.q_proj.bias" in sources:
+            bias = torch.cat([_vector(src(p + f"self_attn.{x}_proj.bias"), dtype, device) for x in "qkv"])
+        layers.append(LayerWeights(
+            input_norm=_vector(src(p + "input_layernorm.weight"), dtype, device),
+            qkv=build_linear(qkv, mode, device),
+            qkv_bias=bias,
+            o=build_linear([src(p + "self_attn.o_proj.weight")], mode, device),
+            post_norm=_vector(src(p + "post_attention_layernorm.weight"), dtype, device),
+            gate_up=build_linear([src(p + "mlp.gate_proj.weight"), src(p + "mlp.up_proj.weight")], mode, device),
+            down=build_linear([src(p + "mlp.down_proj.weight")], mode, device),
+        ))
+    rope = _vector(sources["rope_freqs"], torch.float32, device) if "rope_freqs" in sources else None
+    return ModelWeights(embed, _vector(src("model.norm.weight"), dtype, device), lm_head, layers, rope, mode)
