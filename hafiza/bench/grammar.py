@@ -90,7 +90,8 @@ def _llguidance_step(loaded: LoadedModel, schema: str) -> Callable[[], Callable[
     hf = PreTrainedTokenizerFast(tokenizer_object=loaded.tokenizer.backend)
     tok = llguidance.hf.from_tokenizer(hf, n_vocab=loaded.config.vocab_size)
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-    llguidance.LLMatcher(tok, grammar)  # the first matcher builds the token trie: not a per-step cost
+    warm = llguidance.LLMatcher(tok, grammar)  # the first mask builds the token trie: not a per-step cost
+    lt.fill_next_token_bitmask(warm, lt.allocate_token_bitmask(1, loaded.config.vocab_size), 0)
 
     def prepare() -> Callable[[torch.Tensor, int], None]:
         matcher = llguidance.LLMatcher(tok, grammar)
@@ -106,25 +107,45 @@ def _llguidance_step(loaded: LoadedModel, schema: str) -> Callable[[], Callable[
     return prepare
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2 byte-level BPE's printable stand-ins for bytes (e.g. "\u0120" for a space), mapped back to bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    codes = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, codes, strict=True)}
+
+
 def _outlines_step(loaded: LoadedModel, schema: str) -> Callable[[], Callable[[torch.Tensor, int], None]]:
     from outlines_core import Guide, Index, Vocabulary
     from outlines_core.json_schema import build_regex_from_schema
 
     eos = loaded.tokenizer.eos_token_ids[0]
-    vocab: dict[str, list[int]] = {}
+    special = loaded.tokenizer.special_ids
+    unicode_to_byte = _byte_level_alphabet()
+    vocab: dict[bytes, list[int]] = {}
     for text, i in loaded.tokenizer.backend.get_vocab().items():
-        if i != eos:
-            vocab.setdefault(text, []).append(i)
+        if i != eos and i not in special:
+            byte_level = set(text) <= unicode_to_byte.keys()
+            raw = bytes(unicode_to_byte[c] for c in text) if byte_level else text.encode()
+            vocab.setdefault(raw, []).append(i)
     index = Index(build_regex_from_schema(schema, whitespace_pattern=r"[ ]?"), Vocabulary(eos, vocab))
+
+    import xgrammar as xgr  # its bitmask kernel applies outlines-core's mask (same 32-bit word layout)
+
+    vocab_size = loaded.config.vocab_size
 
     def prepare() -> Callable[[torch.Tensor, int], None]:
         guide = Guide(index)
+        mask = torch.zeros(1, -(-vocab_size // 32), dtype=torch.int32)
 
         def step(row: torch.Tensor, token: int) -> None:
-            allowed = torch.tensor(guide.get_tokens())
-            keep = torch.zeros(row.shape[-1], dtype=torch.bool)
-            keep[allowed] = True
-            row.masked_fill_(~keep, float("-inf"))
+            guide.write_mask_into(mask.data_ptr(), mask.numel(), 4)
+            xgr.apply_token_bitmask_inplace(row, mask, vocab_size=vocab_size)
             if token != eos:
                 guide.advance(token)
 
