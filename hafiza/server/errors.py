@@ -141,7 +141,10 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         code = "not_found" if exc.status_code == 404 else None
-        return _answer(request, ApiError(exc.status_code, message, code=code))
+        response = _answer(request, ApiError(exc.status_code, message, code=code))
+        if exc.headers:  # a 405 names the allowed methods in `Allow`
+            response.headers.update(exc.headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -56,6 +56,7 @@ class _Seen:
     hashes: dict[str, str]
     computed_at: float
     partition: str | None = None
+    tools: tuple[str, ...] = ()
 
 
 class CacheExplainer:
@@ -79,7 +80,7 @@ class CacheExplainer:
                           min_cache_tokens=min_cache_tokens)
         if status != "hit":
             self._diagnose(exp, ids, prompt, cached, reusable, arrival, partition)
-        self._remember(request_id, _Seen(ids, prompt.segment_hashes, computed_at, partition))
+        self._remember(request_id, _Seen(ids, prompt.segment_hashes, computed_at, partition, tuple(prompt.tool_keys)))
         if status != "hit":
             log.info("cache %s for %s: %s", status, request_id, exp.header())
         return exp
@@ -111,6 +112,8 @@ class CacheExplainer:
             exp.reason = "in_flight" if arrival < seen.computed_at else "evicted"
         elif common >= len(seen.ids):
             exp.reason = "extended"
+        elif seen.tools != tuple(prompt.tool_keys) and sorted(seen.tools) == sorted(prompt.tool_keys):
+            exp.reason = "tool_order"  # the same tools in another order: the prefix differs from the first moved one
         else:
             exp.reason = "diverged"
 

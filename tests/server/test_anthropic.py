@@ -209,7 +209,7 @@ def test_miss_explains_where_the_prefix_diverged(http: httpx.Client, server: Ser
     d = {**base, "tools": tools[::-1], "system": notes}
     http.post("/v1/messages", json=c)
     hd = header(http.post("/v1/messages", json=d))
-    assert hd["status"] in ("miss", "partial") and hd["at"] == "tools" and hd["reason"] == "diverged"
+    assert hd["status"] in ("miss", "partial") and hd["at"] == "tools" and hd["reason"] == "tool_order"
 
 
 def test_partial_hit_names_the_edited_message_and_extensions(http: httpx.Client, server: Server) -> None:

@@ -59,7 +59,8 @@ def openai_cases(model: str) -> list[tuple[str, object, str]]:
         ("messages not a list", {"model": model, "messages": {"role": "user"}}, "messages"),
         ("empty messages", {"model": model, "messages": []}, "at least one message"),
         ("unknown model", {"model": "gpt-nope", "messages": MSG}, "gpt-nope"),
-        ("n > 1", {"model": model, "messages": MSG, "n": 2}, "n=1"),
+        ("n < 1", {"model": model, "messages": MSG, "n": 0}, "n: Input should be greater than or equal to 1"),
+        ("unknown field", {"model": model, "messages": MSG, "functions_v9": []}, "functions_v9: Extra inputs"),
         ("image part", {"model": model, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "image_url"),
         ("prompt too long", {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": TOO_LONG}]},

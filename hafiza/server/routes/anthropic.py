@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -12,17 +12,23 @@ from fastapi.responses import JSONResponse, Response
 from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_anthropic_key
 from hafiza.server.body import check_message_count, parse_json, read_body, validate
-from hafiza.server.convert import anthropic_conversation
-from hafiza.server.errors import ApiError
-from hafiza.server.generation import Generation, run_to_end, start_stream
+from hafiza.server.chat import read_all
+from hafiza.server.choices import Choices
+from hafiza.server.convert import anthropic_conversation, anthropic_tools
+from hafiza.server.generation import Generation, start_stream
+from hafiza.server.messages import content_blocks, message, message_events, stop_reason
 from hafiza.server.offload import off_loop
 from hafiza.server.prompt import Prompt, build_prompt
 from hafiza.server.schemas.anthropic import CountTokensRequest, MessagesRequest
 from hafiza.server.state import ServerState, server_state
-from hafiza.server.streaming import ClientGone, SSEResponse, sse
+from hafiza.server.streaming import ClientGone, SSEResponse
+from hafiza.server.structured import tool_grammar
+from hafiza.server.tools.formats import tool_format
+from hafiza.server.tools.reply import ToolUse
 from hafiza.server.usage import CacheUsage, anthropic_usage, counted_breakpoints, pins_for
 
 API = "anthropic"
+log = logging.getLogger("hafiza.server")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "stop_sequence": "stop_sequence", "abort": "end_turn"}
 
 router = APIRouter(dependencies=[Depends(require_anthropic_key)])
@@ -52,7 +58,7 @@ def _prepare(raw: bytes, state: ServerState, model: type[CountTokensRequest]) ->
     check_message_count(body, state.settings.max_messages)
     req = validate(model, body)
     state.check_model(req.model)
-    return req, build_prompt(state.tokenizer, anthropic_conversation(req),
+    return req, build_prompt(state.tokenizer, anthropic_conversation(req, tool_format(state.tokenizer)),
                              state.settings.allow_special_tokens_in_content, state.settings.max_prompt_chars)
 
 
@@ -67,80 +73,41 @@ async def count_tokens(request: Request, state: ServerState = Depends(server_sta
 async def messages(request: Request, state: ServerState = Depends(server_state)) -> Response:
     """Create a message, streaming (SSE) or not; usage reports cache reads and writes."""
     req, prompt = await _prompt(request, state, MessagesRequest)
+    tools, _, choice = anthropic_tools(req)
+    tool_use = ToolUse(tool_format(state.tokenizer), tools, choice)
     params = SamplingParams(max_tokens=req.max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
-                            stop=list(req.stop_sequences or []))
+                            stop=list(req.stop_sequences or []),
+                            grammar=tool_grammar(tool_use.tools, tool_use.choice, tool_use.fmt))
     state.check_request(prompt.ids, params)
     counted = counted_breakpoints(prompt.breakpoints, state.settings.min_cache_tokens)
     gen = Generation(state, API, request, prompt, params, f"msg_{uuid.uuid4().hex[:24]}", pins_for(counted),
                      ignored_breakpoints=len(prompt.breakpoints) - len(counted),
                      cache_salt=request_partition(request, req.cache_salt))
+    choices = Choices(1, lambda: tool_use.reader(state.tokenizer))
     try:
-        if req.stream:
-            first = await start_stream(gen)
-        else:
-            await run_to_end(gen)
+        first = await start_stream(gen)
+        if not req.stream:
+            try:
+                await read_all(gen, choices)
+            finally:
+                await gen.close()
     except ClientGone:
         return Response(status_code=499)
-    if req.stream:
-        usage = anthropic_usage(len(prompt.ids), first.num_cached_tokens, counted, state.block_size)
-        state.metrics.record_usage(API, usage)
-        return SSEResponse(_events(gen, req, usage, state), headers=_headers(gen), on_close=gen.close)
-    assert gen.last is not None
-    usage = anthropic_usage(len(prompt.ids), gen.last.num_cached_tokens, counted, state.block_size)
+    usage = anthropic_usage(len(prompt.ids), first.num_cached_tokens, counted, state.block_size)
     state.metrics.record_usage(API, usage)
-    text = "".join(gen.text)
-    body = _message(gen.request_id, req.model, [{"type": "text", "text": text}] if req.max_tokens else [],
-                    usage_json(usage, gen.output_tokens))
-    body["stop_reason"] = STOP_REASONS.get(gen.last.finish_reason or "stop", "end_turn")
-    body["stop_sequence"] = gen.last.stop_sequence
+    if req.stream:
+        events = message_events(gen, choices, req.model, req.max_tokens, usage_json(usage, 0), usage_json(usage, 0),
+                                state.settings.ping_interval_s, eager_text=not tool_use.reader(state.tokenizer).active)
+        return SSEResponse(events, headers=_headers(gen), on_close=gen.close)
+    (choice,) = choices.items
+    body = message(gen.request_id, req.model, content_blocks(choice, req.max_tokens),
+                   usage_json(usage, choices.output_tokens))
+    body["stop_reason"] = stop_reason(choice)
+    body["stop_sequence"] = choice.stop_sequence
     return JSONResponse(body, headers=_headers(gen))
 
 
 def _headers(gen: Generation) -> dict[str, str]:
     assert gen.explanation is not None
     return {"x-hafiza-cache": gen.explanation.header(), "request-id": gen.request_id}
-
-
-def _message(rid: str, model: str, content: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
-    return {"id": rid, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": None, "stop_sequence": None, "usage": usage}
-
-
-async def _events(gen: Generation, req: MessagesRequest, usage: CacheUsage, state: ServerState
-                  ) -> AsyncIterator[bytes]:
-    """message_start (final input usage), the text block, ping, message_delta (cumulative usage), message_stop."""
-    try:
-        first = gen.last
-        assert first is not None
-        yield sse({"type": "message_start",
-                   "message": _message(gen.request_id, req.model, [], usage_json(usage, 0))}, "message_start")
-        block = req.max_tokens > 0
-        if block:
-            yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                      "content_block_start")
-        yield sse({"type": "ping"}, "ping")
-        out = first
-        while True:
-            if out is None:
-                yield sse({"type": "ping"}, "ping")
-            elif out.text:
-                yield sse({"type": "content_block_delta", "index": 0,
-                           "delta": {"type": "text_delta", "text": out.text}}, "content_block_delta")
-            if gen.finished:
-                break
-            out = await gen.next(timeout=state.settings.ping_interval_s)
-        if block:
-            yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-        last = gen.last
-        yield sse({"type": "message_delta",
-                   "delta": {"stop_reason": STOP_REASONS.get(last.finish_reason or "stop", "end_turn"),
-                             "stop_sequence": last.stop_sequence},
-                   "usage": usage_json(usage, gen.output_tokens)}, "message_delta")
-        yield sse({"type": "message_stop"}, "message_stop")
-    except ClientGone:
-        return
-    except ApiError as exc:
-        yield sse({"type": "error", "error": {"type": "api_error", "message": exc.message}}, "error")
-    finally:
-        await gen.close()

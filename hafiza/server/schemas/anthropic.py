@@ -42,25 +42,39 @@ class Message(BaseModel):
 
 
 class Tool(BaseModel):
-    """A tool definition: rendered into the prompt (it is part of the cached prefix), never called."""
+    """A client tool: rendered into the prompt through the model's template (part of the cached prefix).
+    Server tools (a `type` other than `custom`) are refused when the prompt is built."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: str = Field(min_length=1, max_length=128)
+    type: str | None = None
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     cache_control: CacheControl | None = None
+    strict: bool | None = None
+
+
+class ToolChoice(BaseModel):
+    """auto (default), any (some tool), tool (the named one), none (no call)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
 
 
 class CountTokensRequest(BaseModel):
     """POST /v1/messages/count_tokens."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     messages: list[Message]
     system: str | list[ContentBlock] | None = None
     tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     cache_control: CacheControl | None = None
 
 
@@ -75,3 +89,4 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     metadata: dict[str, Any] | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    service_tier: Literal["auto", "standard_only"] | None = None
