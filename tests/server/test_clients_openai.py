@@ -114,7 +114,7 @@ def test_logprobs_and_top_logprobs(openai_client, server: Server) -> None:
 
 
 def test_two_choices(openai_client, server: Server) -> None:
-    r = openai_client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Name a fruit."}],
+    r = openai_client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "A fruit?"}],
                                               max_tokens=6, temperature=1.0, seed=7, n=2)
     assert [c.index for c in r.choices] == [0, 1]
     assert all(c.message.content for c in r.choices)
