@@ -140,7 +140,11 @@ def encode_with_ends(tokenizer: Tokenizer, text: str,
                      plain_spans: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
     """Token ids of `text` and each token's end offset in characters; the `plain_spans` (sorted character
     ranges) are read as plain text, the rest exactly as `tokenizer.encode` reads it (special tokens recognised)."""
-    ids, offsets = _encode_regions(tokenizer, text, plain_spans or [])
+    return _with_bos(tokenizer, *_encode_regions(tokenizer, text, plain_spans or []))
+
+
+def _with_bos(tokenizer: Tokenizer, ids: list[int], offsets: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The ids with BOS first if the model wants it (and the text does not start with it), and the token ends."""
     ends = [end for _, end in offsets]
     if tokenizer.add_bos and tokenizer.bos_token is not None:
         bos = tokenizer.backend.token_to_id(tokenizer.bos_token)
@@ -185,7 +189,7 @@ def encode_conversation(tokenizer: Tokenizer, conv: Conversation, text: str,
     ids, offsets = _encode_regions(tokenizer, text, [])
     hits = [off for i, off in zip(ids, offsets, strict=True) if i in special]
     if not hits:
-        return encode_with_ends(tokenizer, text)
+        return _with_bos(tokenizer, ids, offsets)
     spans = content_spans(tokenizer, conv, text)
     if conv.tools:
         spans.append(_tools_span(tokenizer, conv, text))
@@ -201,7 +205,7 @@ def encode_conversation(tokenizer: Tokenizer, conv: Conversation, text: str,
                 k -= 1
         new -= plain
         if not new:
-            return encode_with_ends(tokenizer, text, sorted(plain))
+            return _with_bos(tokenizer, ids, offsets)
         plain |= new
         ids, offsets = _encode_regions(tokenizer, text, sorted(plain))
         hits = [off for i, off in zip(ids, offsets, strict=True) if i in special]
