@@ -160,7 +160,8 @@ ENGINES = {"xgrammar": ("xgrammar", _xgrammar_step), "llguidance": ("llguidance"
 
 def bench_grammar(loaded: LoadedModel, new_tokens: int, repeats: int) -> dict[str, Any]:
     """Decode tok/s of the same prompt with and without the schema (median of `repeats`); then each installed
-    grammar engine's per-step cost along the tokens the grammar run produced."""
+    grammar engine's per-step cost along the tokens the grammar run produced (a second matcher's, after the first
+    one paid any lazy set-up, whose first step is reported apart)."""
     engine = LLMEngine(loaded, EngineConfig(kv_memory="256MiB"))
     ids = chat_ids(loaded, "You answer in JSON.", QUESTION)
     schema = json.dumps(SCHEMA)
@@ -182,11 +183,13 @@ def bench_grammar(loaded: LoadedModel, new_tokens: int, repeats: int) -> dict[st
         t0 = time.perf_counter()
         prepare = factory(loaded, schema)
         setup = time.perf_counter() - t0
-        times = _step_costs(prepare, tokens, loaded.config.vocab_size)
+        first = _step_costs(prepare, tokens, loaded.config.vocab_size)
+        times = _step_costs(prepare, tokens, loaded.config.vocab_size)  # steady state: a second matcher
         if not times:
             engines.append({"engine": name, "installed": True, "setup_s": setup, "steps": 0})
             continue
         engines.append({"engine": name, "installed": True, "setup_s": setup, "steps": len(times),
+                        "first_matcher_first_step_ms": 1e3 * first[0],
                         "median_ms": 1e3 * statistics.median(times), "mean_ms": 1e3 * statistics.mean(times),
                         "max_ms": 1e3 * max(times)})
     chosen = next(e for e in engines if e["engine"] == "xgrammar")
@@ -246,10 +249,11 @@ def register(bench_app: typer.Typer) -> None:
                [[str(data["grammar_tokens"]), f"{data['plain_tok_s']:.1f}", f"{data['grammar_tok_s']:.1f}",
                  f"{data['ratio']:.2f}", f"{data['mask_only_ratio']:.3f}"]])
         _table(f"Per-step mask + apply + advance, {data['vocab']}-token vocabulary",
-               ["engine", "setup s", "steps", "median ms", "mean ms", "max ms"],
-               [[e["engine"], f"{e['setup_s']:.2f}", str(e["steps"]), f"{e['median_ms']:.3f}", f"{e['mean_ms']:.3f}",
-                 f"{e['max_ms']:.2f}"] if e.get("steps") else [e["engine"], "not installed" if not e["installed"]
-                                                             else f"{e['setup_s']:.2f}", "0", "", "", ""]
+               ["engine", "setup s", "first step ms", "steps", "median ms", "mean ms", "max ms"],
+               [[e["engine"], f"{e['setup_s']:.2f}", f"{e['first_matcher_first_step_ms']:.1f}", str(e["steps"]),
+                 f"{e['median_ms']:.3f}", f"{e['mean_ms']:.3f}", f"{e['max_ms']:.2f}"] if e.get("steps")
+                else [e["engine"], "not installed" if not e["installed"] else f"{e['setup_s']:.2f}", "", "0", "", "",
+                      ""]
                 for e in data["engines"]])
         print(f"wrote {write_json(data, json_path, 'grammar.json')}")
 
