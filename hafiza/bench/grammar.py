@@ -46,11 +46,9 @@ def _decode_rate(engine: LLMEngine, ids: list[int], params: SamplingParams) -> t
     return (len(tokens) - 1) / (last - first), tokens
 
 
-def _step_costs(prepare: Callable[[], Callable[[torch.Tensor, int], None]], tokens: list[int], vocab: int,
-                ) -> list[float]:
+def _step_costs(step: Callable[[torch.Tensor, int], None], tokens: list[int], vocab: int) -> list[float]:
     """Seconds per step of mask + apply + advance along `tokens`, on a random fp32 logits row; stops early where
     the engine's reading of the schema rejects a token (its whitespace rules differ)."""
-    step = prepare()
     logits = torch.randn(1, vocab)
     times = []
     for t in tokens:
@@ -182,9 +180,10 @@ def bench_grammar(loaded: LoadedModel, new_tokens: int, repeats: int) -> dict[st
             continue
         t0 = time.perf_counter()
         prepare = factory(loaded, schema)
+        first_step = prepare()
         setup = time.perf_counter() - t0
-        first = _step_costs(prepare, tokens, loaded.config.vocab_size)
-        times = _step_costs(prepare, tokens, loaded.config.vocab_size)  # steady state: a second matcher
+        first = _step_costs(first_step, tokens, loaded.config.vocab_size)
+        times = _step_costs(prepare(), tokens, loaded.config.vocab_size)  # steady state: a second matcher
         if not times:
             engines.append({"engine": name, "installed": True, "setup_s": setup, "steps": 0})
             continue
