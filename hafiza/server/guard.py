@@ -11,6 +11,7 @@ send neither header and pass.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +25,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+log = logging.getLogger("hafiza.server")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SAME_SITE_OK = frozenset({"same-origin", "none"})
 
@@ -60,7 +62,12 @@ class BrowserGuard:
             await self.app(scope, receive, send)
             return
         status, message, code = problem
-        body = json.dumps(error_body(flavor_of(scope["path"]), status, message, code=code)).encode()
+        flavor = flavor_of(scope["path"])
+        state = getattr(getattr(scope.get("app"), "state", None), "hafiza", None)
+        if state is not None:
+            state.metrics.errors.labels(flavor.value, str(status)).inc()
+        log.info("%s %s refused -> %d: %s", scope["method"], scope["path"], status, message)
+        body = json.dumps(error_body(flavor, status, message, code=code)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

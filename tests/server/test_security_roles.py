@@ -102,6 +102,9 @@ def test_cross_origin_form_post_cannot_clear_the_pool(engine: AsyncEngine, serve
         r = c.post("/dashboard/tiers/pool/clear")
         assert r.status_code == 415
         assert server.engine_stats().blocks.cached >= before
+        metrics = c.get("/metrics").text
+        assert 'hafiza:request_errors_total{api="openai",status="403"} 2.0' in metrics
+        assert 'hafiza:request_errors_total{api="openai",status="415"} 2.0' in metrics
         same = {"origin": str(c.base_url).rstrip("/"), "sec-fetch-site": "same-origin"}
         r = c.post("/dashboard/tiers/pool/clear", json={}, headers=same)
         assert r.status_code == 200 and r.json()["dropped_blocks"] > 0
