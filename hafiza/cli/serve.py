@@ -24,6 +24,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[list[str] | None, typer.Option(
+        metavar="KEY",
         help="Require an API key: x-api-key (Anthropic routes) or Authorization: Bearer (OpenAI routes). "
              "Repeat for several keys; each is then its own cache partition.",
         envvar="HAFIZA_API_KEY")] = None,
@@ -38,8 +39,10 @@ def serve(
         help="x-hafiza-cache names the earlier request and token offset it compared with (same partition).")
                                ] = False,
     allowed_host: Annotated[list[str] | None, typer.Option(
+        metavar="HOST",
         help="Host header to accept (repeatable; '*' for any). Default: the bind address and localhost.")] = None,
     cors_origin: Annotated[list[str] | None, typer.Option(
+        metavar="ORIGIN",
         help="Browser origin allowed to call the API cross-origin (repeatable). Default: none.")] = None,
     metrics_auth: Annotated[str, typer.Option(help="Who may read /metrics: none, api or admin.")] = "none",
     dashboard_auth: Annotated[str, typer.Option(
