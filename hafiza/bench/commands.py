@@ -6,7 +6,7 @@ import importlib
 
 from hafiza.cli import bench_app
 
-BENCH_MODULES = ("cache", "engine_benches", "grammar", "quality", "serve", "tiers", "suite")
+BENCH_MODULES = ("cache", "engine_benches", "grammar", "quality", "serve", "tiers", "suite", "weights")
 
 for _name in BENCH_MODULES:
     try:

@@ -108,22 +108,16 @@ class Outcome:
         return f"{why}" + (f": `{last.strip()[:200]}`" if last else "")
 
 
-def omp_environment(choice: str) -> tuple[dict[str, str], str]:
-    """The environment for the benchmark processes, and a note on OpenMP's wait policy for the docs.
-
-    OpenMP threads spin while they wait; on a machine shared with other busy processes (more runnable threads than
-    cores) that spinning slows torch and llama.cpp alike by 5-50x. `auto` makes them yield (PASSIVE) when the load
-    average exceeds half the cores when the suite starts (something else is running), and leaves the default on a
-    quiet machine."""
-    env = dict(os.environ)
+def conditions() -> str:
+    """The load when the suite starts, and OpenMP's wait policy (hafiza sets its own, hafiza/threads.py)."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if choice == "auto":
-        choice = "passive" if load > cores / 2 else "inherit"
-    if choice == "inherit":
-        policy = env.get("OMP_WAIT_POLICY")
-        return env, f"load average {load:.1f} on {cores} cores" + (f", OMP_WAIT_POLICY={policy}" if policy else "")
-    env["OMP_WAIT_POLICY"] = choice.upper()
-    return env, f"load average {load:.1f} on {cores} cores, OMP_WAIT_POLICY={choice.upper()}"
+    from hafiza.threads import user_environment
+
+    user = user_environment()
+    policy = user.get("OMP_WAIT_POLICY") or os.environ.get("OMP_WAIT_POLICY", "unset")
+    if "OMP_WAIT_POLICY" not in user and policy != "unset":
+        policy += " (hafiza's default)"
+    return f"load average {load:.1f} on {cores} cores, OMP_WAIT_POLICY={policy}"
 
 
 def run_one(bench: Bench, json_dir: Path, docs: Path, quick: bool, timeout_s: float,
@@ -258,9 +252,6 @@ def register(bench_app: typer.Typer) -> None:
         skip: Annotated[str | None, typer.Option(help="Comma-separated benchmarks to leave out.")] = None,
         timeout: Annotated[float | None, typer.Option(help="Seconds per benchmark before it is stopped "
                                                             "(default 1800, 600 with --quick).")] = None,
-        omp_wait_policy: Annotated[str, typer.Option(help="OpenMP waiting in the benchmarks: auto (passive when the "
-                                                          "load average exceeds half the cores), passive, active "
-                                                          "or inherit.")] = "auto",
         render_only: Annotated[bool, typer.Option("--render-only", help="Run nothing: redraw the docs from the "
                                                                           "last run's results in --json-dir.")
                                ] = False,
@@ -277,20 +268,18 @@ def register(bench_app: typer.Typer) -> None:
         unknown = [n for n in [*chosen, *left_out] if n not in names]
         if unknown:
             raise HafizaError(f"unknown benchmark(s) {', '.join(unknown)}: choose from {', '.join(names)}")
-        if omp_wait_policy not in ("auto", "passive", "active", "inherit"):
-            raise HafizaError(f"--omp-wait-policy must be auto, passive, active or inherit, got {omp_wait_policy!r}")
         json_dir.mkdir(parents=True, exist_ok=True)
         docs.mkdir(parents=True, exist_ok=True)
         limit = timeout or (QUICK_TIMEOUT_S if quick else FULL_TIMEOUT_S)
-        env, conditions = omp_environment(omp_wait_policy)
-        print(f"== conditions: {conditions}")
-        outcomes = [run_one(b, json_dir, docs, quick, limit, env=env) for b in BENCHES if b.name in chosen
+        started = conditions()
+        print(f"== conditions: {started}")
+        outcomes = [run_one(b, json_dir, docs, quick, limit) for b in BENCHES if b.name in chosen
                     and b.name not in left_out]
         invocation = "hafiza bench all " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "all"] else \
             "hafiza bench all"
-        run = Run(outcomes, quick, invocation.strip(), conditions)
+        run = Run(outcomes, quick, invocation.strip(), started)
         run.save(json_dir)
-        path = write_docs(outcomes, docs, quick, run.invocation, conditions, run.date)
+        path = write_docs(outcomes, docs, quick, run.invocation, started, run.date)
         failed = [o.bench.name for o in outcomes if not o.ok]
         print(f"wrote {path} ({len(outcomes) - len(failed)} of {len(outcomes)} benchmarks ran"
               + (f"; failed: {', '.join(failed)}" if failed else "") + ")")

