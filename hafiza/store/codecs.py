@@ -20,7 +20,7 @@ import torch
 from hafiza.codec import CodecContext, decode, encode
 from hafiza.errors import HafizaError
 
-STORE_CODECS: tuple[str, ...] = ("raw", "zstd", "exponent", "predictive")
+STORE_CODECS: tuple[str, ...] = ("raw", "zstd", "planes", "exponent", "predictive")
 DEFAULT_STORE_CODEC = "zstd"
 
 

@@ -7,7 +7,9 @@ import torch
 from hafiza.codec import CodecContext, decode, encode
 from hafiza.codec.formats import tensor_bits
 
-CODER_CASES = [("raw", None), ("zstd", None), ("exponent", None), ("predictive", "previous-token")]
+CODER_CASES = [
+    ("raw", None), ("zstd", None), ("exponent", None), ("predictive", "previous-token"), ("planes", None),
+]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

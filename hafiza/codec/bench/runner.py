@@ -28,7 +28,7 @@ SPECULATIVE = {
     "spec-int8": ("int8", 0),
     "spec-exact6-bf16-mixed": ("bf16-mixed", 6),
 }
-HAFIZA = ["raw", "zstd", "exponent", "previous-token", *SPECULATIVE]
+HAFIZA = ["raw", "zstd", "planes", "exponent", "previous-token", *SPECULATIVE]
 PEERS = ["zstd-3", "zstd-19", "shuffle-zstd-19", "zipnn"]
 ALL = HAFIZA + PEERS
 ZIPNN_DTYPES = {torch.bfloat16: "bfloat16"}
@@ -68,7 +68,7 @@ class _Predictors:
 def _measure(name: str, kv: dict[str, torch.Tensor], ids: list[int], preds: _Predictors) -> Measurement | None:
     dtype = next(iter(kv.values())).dtype
     nbytes = next(iter(kv.values())).element_size()
-    if name in ("raw", "zstd", "exponent"):
+    if name in ("raw", "zstd", "planes", "exponent"):
         return measure_codec(name, kv, lambda role: CodecContext(coder=name))
     if name == "previous-token":
         return measure_codec(_label(name), kv, lambda role: CodecContext(coder="predictive",
