@@ -6,7 +6,8 @@ and a log line for every request that is not a full hit.
 
 An explanation only ever compares a prompt with earlier prompts of the same cache partition (API key and
 `cache_salt`), since it can reveal how far those prompts agree with it. By default it names no other request and
-no token offset (`at=`, `offset=`, `similar=` are left out): `details=True` (`--explain-details`) adds them.
+no token offset (`at=`, `offset=`, `similar=` are left out of the header; the server log keeps them):
+`details=True` (`--explain-details`) puts them in the header too.
 """
 
 from __future__ import annotations
@@ -35,14 +36,17 @@ class Explanation:
     similar: str | None = None
     ignored_breakpoints: int = 0
     min_cache_tokens: int = 0
+    show_details: bool = True
 
-    def header(self) -> str:
+    def header(self, details: bool | None = None) -> str:
+        """The header value; `at`, `offset` and `similar` only with `details` (default: `show_details`)."""
+        details = self.show_details if details is None else details
         parts = [self.status, f"reused={self.reused}", f"prompt={self.prompt}"]
         if self.reason:
             parts.append(f"reason={self.reason}")
-        if self.at is not None:
+        if details and self.at is not None:
             parts += [f"at={self.at}", f"offset={self.offset}"]
-        if self.similar:
+        if details and self.similar:
             parts.append(f"similar={self.similar}")
         if self.ignored_breakpoints:
             parts.append(f"ignored_breakpoints={self.ignored_breakpoints}")
@@ -61,7 +65,7 @@ class _Seen:
 
 class CacheExplainer:
     """Remembers the last `history` prompts (token ids, per-turn hashes, partition) to explain the next ones;
-    `details` puts the other request's id and the token offset in explanations."""
+    `details` puts the other request's id and the token offset in the header (the log always has them)."""
 
     def __init__(self, block_size: int, history: int = 256, details: bool = False) -> None:
         self.block_size, self.history, self.details = block_size, history, details
@@ -77,12 +81,12 @@ class CacheExplainer:
         reusable = (n - 1) // bs * bs
         status = "hit" if reusable and cached >= reusable else ("partial" if cached else "miss")
         exp = Explanation(status, cached, n, ignored_breakpoints=ignored_breakpoints,
-                          min_cache_tokens=min_cache_tokens)
+                          min_cache_tokens=min_cache_tokens, show_details=self.details)
         if status != "hit":
             self._diagnose(exp, ids, prompt, cached, reusable, arrival, partition)
         self._remember(request_id, _Seen(ids, prompt.segment_hashes, computed_at, partition, tuple(prompt.tool_keys)))
         if status != "hit":
-            log.info("cache %s for %s: %s", status, request_id, exp.header())
+            log.info("cache %s for %s: %s", status, request_id, exp.header(details=True))
         return exp
 
     def _diagnose(self, exp: Explanation, ids: np.ndarray, prompt: Prompt, cached: int, reusable: int,
@@ -105,8 +109,7 @@ class CacheExplainer:
             return
         seen = self.seen[best_id]
         common = _common_prefix(ids, seen.ids)
-        if self.details:
-            exp.similar, exp.offset, exp.at = best_id, common, prompt.segment_at(common)
+        exp.similar, exp.offset, exp.at = best_id, common, prompt.segment_at(common)
         expected = min(common, len(ids) - 1) // self.block_size * self.block_size
         if cached < expected:
             exp.reason = "in_flight" if arrival < seen.computed_at else "evicted"

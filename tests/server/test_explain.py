@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from hafiza.models import LoadedModel
 from hafiza.server.explain import CacheExplainer
 from hafiza.server.prompt import Conversation, Piece, Turn, build_prompt
@@ -58,7 +62,8 @@ def test_history_is_bounded_and_deduplicated(default_model: LoadedModel) -> None
     assert len(ex.seen) == 3
 
 
-def test_default_names_no_other_request_and_no_offset(default_model: LoadedModel) -> None:
+def test_default_names_no_other_request_and_no_offset(default_model: LoadedModel,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     tok = default_model.tokenizer
     ex = CacheExplainer(block_size=16)
     system = "You answer questions about a long shared handbook. " * 8
@@ -66,9 +71,11 @@ def test_default_names_no_other_request_and_no_offset(default_model: LoadedModel
     ex.explain("a", a, cached=0, arrival=0.0, computed_at=1.0)
     b = prompt(tok, system, "The PIN is 4829. Then what does chapter seven of the handbook say about safety rules?")
     common = next(i for i, (x, y) in enumerate(zip(a.ids, b.ids, strict=False)) if x != y)
-    got = ex.explain("b", b, cached=common // 16 * 16, arrival=2.0, computed_at=3.0)
-    assert got.reason == "diverged" and (got.similar, got.offset, got.at) == (None, None, None)
+    with caplog.at_level(logging.INFO, logger="hafiza.server.cache"):
+        got = ex.explain("b", b, cached=common // 16 * 16, arrival=2.0, computed_at=3.0)
+    assert got.reason == "diverged"
     assert "offset=" not in got.header() and "similar=" not in got.header() and "at=" not in got.header()
+    assert f"offset={common}; similar=a" in caplog.text  # the operator's log keeps them
 
 
 def test_other_partitions_are_never_compared(default_model: LoadedModel) -> None:
