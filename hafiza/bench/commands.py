@@ -6,7 +6,8 @@ import importlib
 
 from hafiza.cli import bench_app
 
-BENCH_MODULES = ("cache", "engine_benches", "grammar", "quality", "serve", "tiers", "suite", "weights")
+BENCH_MODULES = ("cache", "engine_benches", "grammar", "quality", "serve", "tiers", "suite", "weights",
+                 "weights_quality")
 
 for _name in BENCH_MODULES:
     try:

@@ -8,12 +8,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from hafiza.errors import ModelLoadError
 from hafiza.models.config import ModelConfig
 from hafiza.models.ggml_blocks import BLOCK, SUPPORTED, unpack_rows
+from hafiza.models.gguf_header import GGUFHeader, TensorInfo, read_header
 from hafiza.models.weights import Source
 
 GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
@@ -31,23 +32,14 @@ _LAYER_NAMES = {
 }
 
 
-def open_gguf(path: Path) -> GGUFReader:
-    """Open and parse the header; any malformed or truncated file becomes one ModelLoadError line."""
-    try:
-        return GGUFReader(str(path), "r")
-    except Exception as exc:  # the reader raises ValueError, IndexError, struct errors...
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+def open_gguf(path: Path) -> GGUFHeader:
+    """Parse the header; any malformed or truncated file becomes one ModelLoadError line."""
+    return read_header(path)
 
 
-def gguf_fields(reader: GGUFReader) -> dict[str, Any]:
+def gguf_fields(header: GGUFHeader) -> dict[str, Any]:
     """All metadata key/values as plain Python values."""
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        try:
-            out[key] = field.contents()
-        except Exception:  # a field the reader cannot decode is simply not offered
-            continue
-    return out
+    return header.fields
 
 
 def config_from_gguf(fields: dict[str, Any], path: Path) -> ModelConfig:
@@ -118,7 +110,7 @@ _DENSE_TYPES = {GGMLQuantizationType.F32: (np.float32, torch.float32),
                 GGMLQuantizationType.BF16: (np.int16, torch.bfloat16)}
 
 
-def _tensor_source(f: BinaryIO, t: ReaderTensor, name: str, shape: tuple[int, ...], perm: np.ndarray | None,
+def _tensor_source(f: BinaryIO, t: TensorInfo, name: str, shape: tuple[int, ...], perm: np.ndarray | None,
                    path: Path) -> Source:
     """Rows of one tensor read with pread from the open file (never the whole file mapped into memory)."""
     qtype = GGMLQuantizationType(int(t.tensor_type))
@@ -138,7 +130,7 @@ def _tensor_source(f: BinaryIO, t: ReaderTensor, name: str, shape: tuple[int, ..
 
     if qtype in SUPPORTED:
         return Source(name, shape, lambda a, b: unpack_rows(raw(a, b), qtype, k), bits=BLOCK[qtype][2],
-                      group=BLOCK[qtype][3])
+                      group=BLOCK[qtype][3], raw=raw, qtype=qtype)
     if qtype in _DENSE_TYPES:
         np_dtype, torch_dtype = _DENSE_TYPES[qtype]
 
@@ -154,19 +146,18 @@ def _tensor_source(f: BinaryIO, t: ReaderTensor, name: str, shape: tuple[int, ..
     return Source(name, shape, other, bits=8)
 
 
-def gguf_sources(reader: GGUFReader, f: BinaryIO, config: ModelConfig, path: Path) -> dict[str, Source]:
+def gguf_sources(header: GGUFHeader, f: BinaryIO, config: ModelConfig, path: Path) -> dict[str, Source]:
     """Every tensor hafiza uses, in Hugging Face names and [out, in] layout, read lazily from the open file."""
     sources: dict[str, Source] = {}
     permuted = config.arch in ("llama", "mistral")
     size = path.stat().st_size
-    for t in reader.tensors:
+    for t in header.tensors:
         name = _hf_name(t.name)
         if name is None:
             continue
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        if int(np.prod(shape)) != int(t.n_elements) or int(t.data_offset) + int(t.n_bytes) > size:
-            raise ModelLoadError(f"{path}: tensor {t.name} is corrupt or truncated (shape {shape}, "
-                                 f"{int(t.n_elements)} values, {int(t.n_bytes)} bytes at {int(t.data_offset)} "
+        shape = t.shape
+        if t.data_offset + t.n_bytes > size:
+            raise ModelLoadError(f"{path}: tensor {t.name} is truncated ({t.n_bytes} bytes at {t.data_offset} "
                                  f"of a {size}-byte file)")
         perm = None
         if permuted and t.name.endswith(("attn_q.weight", "attn_q.bias")):

@@ -4,8 +4,8 @@
   weight-only kernel (`_weight_int4pack_mm_for_cpu` on the CPU, `_weight_int4pack_mm` on CUDA).
 - `Int8Linear`: int8 per output channel (bf16 scale), `_weight_int8pack_mm`.
 - `DenseLinear`: fp32 / bf16 / fp16 weights, `F.linear`.
-- `GroupedRows`: an embedding table as int8 with fp32 scale + zero per group, so a GGUF embedding of any type is
-  looked up exactly (gguf's own values) at ~1.25 bytes per value.
+- `GGUFRows` (CPU) / `GroupedRows`: an embedding table as the file's own blocks, unpacked per looked-up row, or
+  as int8 with an fp32 scale + zero per group; both give gguf's own values.
 
 Contract: row i of every output depends only on row i of the input, bit for bit, whatever the number of rows
 (tests/models/test_linear_formats.py). The packed kernels keep it as they are; measurements: docs/WEIGHTS.md.
@@ -19,6 +19,9 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+
+from hafiza.models.ggml_blocks import unpack_rows
 
 INT4_GROUP = 32
 FP32_ROW_TILE = 16
@@ -77,7 +80,7 @@ class DenseLinear:
         return self.w.numel() * self.w.element_size()
 
 
-def _pack_int4_cpu_numpy(q: np.ndarray) -> np.ndarray:
+def pack_int4_cpu_numpy(q: np.ndarray) -> np.ndarray:
     """The CPU kernel's layout written directly: blocks of 32 output rows, for each input k 16 bytes holding rows
     j (low nibble) and j + 16 (high nibble). Used only where it equals torch's own packing (checked once)."""
     n, k = q.shape
@@ -100,17 +103,17 @@ _NUMPY_PACK_MATCHES: list[bool] = []
 
 
 def numpy_pack_matches_torch() -> bool:
-    """Whether this build's CPU int4 layout is the one `_pack_int4_cpu_numpy` writes (160 x 96 random probe)."""
+    """Whether this build's CPU int4 layout is the one `pack_int4_cpu_numpy` writes (160 x 96 random probe)."""
     if not _NUMPY_PACK_MATCHES:
         q = np.random.default_rng(0).integers(0, 16, size=(160, 96), dtype=np.uint8)
-        _NUMPY_PACK_MATCHES.append(bool(np.array_equal(_pack_int4_cpu_numpy(q), _pack_int4_cpu_torch(q).numpy())))
+        _NUMPY_PACK_MATCHES.append(bool(np.array_equal(pack_int4_cpu_numpy(q), _pack_int4_cpu_torch(q).numpy())))
     return _NUMPY_PACK_MATCHES[0]
 
 
 def _pack_int4_cpu(q: np.ndarray) -> torch.Tensor:
     """uint8 values [N, K] (0..15) -> the CPU kernel's packed [N, K / 2]."""
     if q.shape[0] % 32 == 0 and numpy_pack_matches_torch():
-        return torch.from_numpy(_pack_int4_cpu_numpy(q))
+        return torch.from_numpy(pack_int4_cpu_numpy(q))
     return _pack_int4_cpu_torch(q)
 
 
@@ -127,19 +130,22 @@ class Int4Linear:
 
     kind = "int4"
 
-    def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, device: torch.device) -> None:
+    def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, device: torch.device) -> None:
+        """`packed` in the device kernel's layout, `scale_zero` bf16 [K // 32, N, 2]."""
+        self.packed, self.scale_zero, self.device = packed.to(device), scale_zero.to(device), device
+        self.out_features, self.in_features = scale_zero.shape[1], scale_zero.shape[0] * INT4_GROUP
+
+    @classmethod
+    def from_ints(cls, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, device: torch.device) -> Int4Linear:
         """q uint8 [N, K] (0..15), scale/zero fp32 [N, K // 32] with w = (q - 8) * scale + zero."""
         n, k = q.shape
         if n % 16 or k % INT4_GROUP:
             raise ValueError(f"int4 needs out % 16 == 0 and in % {INT4_GROUP} == 0, got [{n}, {k}]")
-        self.out_features, self.in_features, self.device = n, k, device
         q = np.ascontiguousarray(q, dtype=np.uint8)
-        sz = torch.stack([torch.from_numpy(scale), torch.from_numpy(zero)], dim=-1)  # [N, G, 2]
-        self.scale_zero = sz.transpose(0, 1).contiguous().to(device=device, dtype=torch.bfloat16)
-        if device.type == "cuda":
-            self.packed, _ = _pack_int4_cuda(q, device)
-        else:
-            self.packed = _pack_int4_cpu(q).to(device)
+        sz = torch.empty(k // INT4_GROUP, n, 2, dtype=torch.bfloat16)  # the kernel's [G, N, (scale, zero)]
+        sz[..., 0], sz[..., 1] = torch.from_numpy(scale).t(), torch.from_numpy(zero).t()
+        packed = _pack_int4_cuda(q, device)[0] if device.type == "cuda" else _pack_int4_cpu(q)
+        return cls(packed, sz, device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
@@ -259,6 +265,27 @@ class DenseRows:
     @property
     def nbytes(self) -> int:
         return self.w.numel() * self.w.element_size()
+
+
+class GGUFRows:
+    """The embedding kept as the file's own blocks (CPU): looked-up rows are unpacked on the fly, so the table
+    costs exactly its bytes in the file and gives gguf's values."""
+
+    def __init__(self, raw: np.ndarray, qtype: GGMLQuantizationType, k: int, dtype: torch.dtype) -> None:
+        self.raw, self.qtype, self.k, self.dtype = raw, qtype, k, dtype
+        self.kind = f"gguf-{qtype.name}"
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = unpack_rows(self.raw[ids.cpu().numpy()], self.qtype, self.k).dequantize()
+        return torch.from_numpy(rows).to(device=ids.device, dtype=self.dtype)
+
+    def dense(self) -> torch.Tensor:
+        ids = torch.arange(self.raw.shape[0])
+        return torch.cat([self(ids[a : a + 4096]).float() for a in range(0, ids.numel(), 4096)])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
 
 
 class GroupedRows:

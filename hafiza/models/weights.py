@@ -7,12 +7,14 @@ transient at a time, so no fp32 copy of the whole model exists unless fp32 weigh
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from hafiza.errors import HafizaError
 from hafiza.models.ggml_blocks import GroupedInts
@@ -21,11 +23,14 @@ from hafiza.models.linear import (
     ConcatLinear,
     DenseLinear,
     DenseRows,
+    GGUFRows,
     GroupedRows,
     Int4Linear,
     Int8Linear,
     Linear,
     Rows,
+    numpy_pack_matches_torch,
+    pack_int4_cpu_numpy,
 )
 
 WEIGHT_MODES = ("auto", "q4", "q8", "bf16", "fp32")
@@ -55,6 +60,8 @@ class Source:
     bits: int | None = None
     group: int = 0
     dense_dtype: torch.dtype = torch.float32
+    raw: Callable[[int, int], np.ndarray] | None = None  # a GGUF tensor's own block bytes for rows a..b
+    qtype: GGMLQuantizationType | None = None
 
     @property
     def rows(self) -> int:
@@ -62,7 +69,7 @@ class Source:
 
     def chunks(self) -> list[tuple[int, int]]:
         k = int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
-        step = max(16, (CHUNK_VALUES // max(k, 1)) // 16 * 16)
+        step = max(32, (CHUNK_VALUES // max(k, 1)) // 32 * 32)
         return [(a, min(a + step, self.rows)) for a in range(0, self.rows, step)]
 
 
@@ -134,22 +141,38 @@ def requantize_int4(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return q.numpy(), s.numpy(), (lo + 8.0 * s).numpy()
 
 
+def _int4_parts(part: GroupedInts | torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, scale, zero) of int4 for one chunk: 4-bit 32-wide blocks as they are, anything else requantized."""
+    if isinstance(part, GroupedInts) and part.bits == 4 and part.group == INT4_GROUP:
+        return part.q, part.scale, part.zero + np.float32(8) * part.scale
+    return requantize_int4(_as_fp32(part))
+
+
 def _int4(srcs: list[Source], device: torch.device) -> Int4Linear:
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
+    if device.type == "cpu" and all(s.rows % 32 == 0 for s in srcs) and numpy_pack_matches_torch():
+        # chunk by chunk straight into the kernel's layout: no whole-tensor integer copy
+        packed = np.empty((n, k // 2), dtype=np.uint8)
+        sz = torch.empty(k // INT4_GROUP, n, 2, dtype=torch.bfloat16)
+        row = 0
+        for s in srcs:
+            for a, b in s.chunks():
+                q, scale, zero = _int4_parts(s.read(a, b))
+                packed[row + a : row + b] = pack_int4_cpu_numpy(q)
+                sz[:, row + a : row + b, 0] = torch.from_numpy(scale).t()
+                sz[:, row + a : row + b, 1] = torch.from_numpy(zero).t()
+            row += s.rows
+        return Int4Linear(torch.from_numpy(packed), sz, device)
     q = np.empty((n, k), dtype=np.uint8)
     scale = np.empty((n, k // INT4_GROUP), dtype=np.float32)
     zero = np.empty_like(scale)
     row = 0
     for s in srcs:
         for a, b in s.chunks():
-            part = s.read(a, b)
             r = slice(row + a, row + b)
-            if isinstance(part, GroupedInts) and part.bits == 4 and part.group == INT4_GROUP:
-                q[r], scale[r], zero[r] = part.q, part.scale, part.zero + np.float32(8) * part.scale
-            else:
-                q[r], scale[r], zero[r] = requantize_int4(_as_fp32(part))
+            q[r], scale[r], zero[r] = _int4_parts(s.read(a, b))
         row += s.rows
-    return Int4Linear(q, scale, zero, device)
+    return Int4Linear.from_ints(q, scale, zero, device)
 
 
 def build_linear(srcs: list[Source], mode: str, device: torch.device) -> Linear:
@@ -173,6 +196,8 @@ def build_rows(src: Source, mode: str, dtype: torch.dtype, device: torch.device)
         fmt = mode if mode != "auto" else linear_format(src, "auto")
         return DenseRows(_dense([src], _DENSE[fmt], device), dtype)
     v, k = src.shape
+    if device.type == "cpu" and src.raw is not None and src.qtype is not None:
+        return GGUFRows(np.ascontiguousarray(src.raw(0, v)), src.qtype, k, dtype)
     first = src.read(0, min(16, v))
     group = first.group if isinstance(first, GroupedInts) else INT4_GROUP
     q = np.empty((v, k), dtype=np.int8)
@@ -233,6 +258,25 @@ class ModelWeights:
         return dict(c)
 
 
+def _trim_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc's malloc_trim): each tensor's transients are freed, but glibc
+    keeps them mapped, and they would otherwise add up to a third of a 3B model's size in RSS."""
+    if _LIBC:
+        _LIBC[0].malloc_trim(0)
+
+
+def _load_libc() -> list[ctypes.CDLL]:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return [libc]
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return []
+
+
+_LIBC = _load_libc()
+
+
 def _vector(src: Source, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return _as_fp32(src.read(0, src.rows)).reshape(-1).to(device=device, dtype=dtype)
 
@@ -272,5 +316,6 @@ def build_model_weights(sources: dict[str, Source], num_layers: int, tie_embeddi
             gate_up=build_linear([src(p + "mlp.gate_proj.weight"), src(p + "mlp.up_proj.weight")], mode, device),
             down=build_linear([src(p + "mlp.down_proj.weight")], mode, device),
         ))
+        _trim_heap()
     rope = _vector(sources["rope_freqs"], torch.float32, device) if "rope_freqs" in sources else None
     return ModelWeights(embed, _vector(src("model.norm.weight"), dtype, device), lm_head, layers, rope, mode)

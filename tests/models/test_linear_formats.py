@@ -16,8 +16,8 @@ from hafiza.models.linear import (
     GroupedRows,
     Int4Linear,
     Int8Linear,
-    _pack_int4_cpu_numpy,
     _pack_int4_cpu_torch,
+    pack_int4_cpu_numpy,
 )
 from hafiza.models.llama import cpu_fp32_linear
 from hafiza.models.weights import Source, build_linear, build_rows
@@ -91,7 +91,7 @@ def test_numpy_int4_packing_is_torchs_layout() -> None:
     torch_packed = _pack_int4_cpu_torch(q)
     whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
     assert torch.equal(torch_packed, whole)  # 4096-row chunks concatenate
-    assert np.array_equal(_pack_int4_cpu_numpy(q), whole.numpy())
+    assert np.array_equal(pack_int4_cpu_numpy(q), whole.numpy())
 
 
 def _formats(n: int, k: int) -> dict[str, object]:
@@ -100,7 +100,7 @@ def _formats(n: int, k: int) -> dict[str, object]:
     q = torch.randint(0, 16, (n, k), generator=g).to(torch.uint8).numpy()
     scale = (torch.rand(n, k // 32, generator=g) * 0.01).numpy()
     zero = (torch.randn(n, k // 32, generator=g) * 0.01).numpy()
-    int4 = Int4Linear(q, scale, zero, CPU)
+    int4 = Int4Linear.from_ints(q, scale, zero, CPU)
     int8 = Int8Linear.quantize(w, CPU)
     return {
         "fp32": DenseLinear(w, cpu_fp32_linear),
