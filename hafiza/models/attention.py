@@ -1,4 +1,12 @@
-"""Attention over a paged KV cache: the batch layout (decodes first, then prefill spans) and the kernel."""
+"""Attention over a paged KV cache: the batch layout (decodes first, then prefill spans) and a batch-invariant kernel.
+
+Every query row goes through the same arithmetic whatever shares its step: how many other queries or sequences,
+how the prompt was chunked, whether its prefix came from the pool. Keys are padded to whole KEY_TILE tiles (masked),
+query rows to a multiple of ROW_TILE, scores are one matmul over head_dim, and P·V runs per key tile in matmuls of one
+fixed shape whose partial sums are added tile by tile in order; tiles past a query's last visible key add exact
+zeros. So a token's output depends only on its own query and the K/V values it may see (docs/ENGINE.md,
+tests/models/test_attention_invariance.py). The values are the pool's: with a lossy pool, fresh K/V are never used.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 
 class PagedKV(Protocol):
@@ -26,8 +33,9 @@ class PrefillSpan:
     """`length` query tokens at flat offset `start`, whose sequence then holds `context_len` tokens.
 
     With `block_table`, keys are read back from the pool (a cached prefix, an earlier chunk, or a pool whose
-    dtype is not the compute dtype, so that cold and warm runs see the same stored values) under `mask`
-    ([length, context_len], True = may attend; None = causal). Without it, the fresh K/V are used, causally.
+    dtype is not the compute dtype) under `mask` ([length, context_len], True = may attend; None = causal).
+    Without it, the fresh K/V are used, causally: only when the pool stores them exactly, so the values attended
+    to are the ones a warm run reads back.
     """
 
     start: int
@@ -51,35 +59,77 @@ class AttentionMetadata:
     observer: AttentionObserver | None = None
 
 
+KEY_TILE = 64  # keys per P·V matmul; a multiple of every vector width, so exp never takes a scalar tail
+ROW_TILE = 4  # MKL computes a remainder of 1-3 rows with other kernels (other rounding) than whole tiles of 4
+QUERY_CHUNK = 256  # query tokens per kernel call in a prefill span (bounds the score matrix)
+
+
+def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ/√d, where visible) v for q [B, R, d], k/v [B, S, d] (q's dtype), visible bool broadcastable
+    to [B, R, S] -> [B, R, d]. Row r's values depend only on q[b, r] and the keys it sees, never on B, R or S."""
+    b, rows, dim = q.shape
+    width = -(-k.shape[1] // KEY_TILE) * KEY_TILE
+    visible = visible.expand(b, rows, k.shape[1])
+    if width != k.shape[1]:
+        pad = width - k.shape[1]
+        k = torch.cat([k, k.new_zeros(b, pad, dim)], 1)
+        v = torch.cat([v, v.new_zeros(b, pad, dim)], 1)
+        visible = torch.cat([visible, visible.new_zeros(b, rows, pad)], 2)
+    padded = -(-rows // ROW_TILE) * ROW_TILE
+    if padded != rows:
+        q = torch.cat([q, q.new_zeros(b, padded - rows, dim)], 1)
+        visible = torch.cat([visible, visible[:, :1].expand(b, padded - rows, width)], 1)
+    scores = torch.bmm(q * dim**-0.5, k.transpose(1, 2)).masked_fill_(~visible, float("-inf"))
+    probs = torch.exp(scores - scores.amax(-1, keepdim=True))
+    tiles = width // KEY_TILE
+    r = probs.shape[1]
+    probs = probs.view(b, r, tiles, KEY_TILE).transpose(1, 2).reshape(b * tiles, r, KEY_TILE)
+    v1 = torch.cat([v, v.new_ones(b, width, 1)], 2).view(b * tiles, KEY_TILE, dim + 1)  # last column: the sum
+    parts = torch.bmm(probs, v1).view(b, tiles, r, dim + 1)
+    acc = parts[:, 0].clone()
+    for t in range(1, tiles):
+        acc += parts[:, t]
+    return (acc[:, :rows, :dim] / acc[:, :rows, dim:]).contiguous()
+
+
 def paged_attention(
     layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, meta: AttentionMetadata
 ) -> torch.Tensor:
-    """q [T, H, d], k/v [T, Hkv, d] (already written to the pool) -> [T, H, d]."""
+    """q [T, H, d], k/v [T, Hkv, d] (already written to the pool) -> [T, H, d]. The `group` query heads of one KV
+    head act as query rows against that head's keys (GQA without copying keys per query head)."""
     out = torch.empty_like(q)
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
     d = meta.num_decode
     if d:
         kc, vc = kv.gather(layer, meta.decode_block_tables)  # [D, S, Hkv, d]
-        # GQA decode without copying keys: the `group` query heads of one KV head act as `group` query rows.
-        qd = q[:d].view(d, kv_heads, group, dim)
-        kc, vc = kc.to(q.dtype).transpose(1, 2), vc.to(q.dtype).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kc, vc, attn_mask=meta.decode_mask)
-        out[:d] = o.reshape(d, heads, dim)
+        width = kc.shape[1]
+        kc = kc.to(q.dtype).transpose(1, 2).reshape(d * kv_heads, width, dim)
+        vc = vc.to(q.dtype).transpose(1, 2).reshape(d * kv_heads, width, dim)
+        qd = q[:d].reshape(d * kv_heads, group, dim)
+        mask = meta.decode_mask.reshape(d, 1, 1, width).expand(d, kv_heads, 1, width).reshape(d * kv_heads, 1, width)
+        out[:d] = invariant_attention(qd, kc, vc, mask).view(d, heads, dim)
     for span in meta.prefills:
-        s, n = span.start, span.length
-        qs = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+        s, n, ctx = span.start, span.length, span.context_len
         if span.block_table is None:
             ks, vs = k[s : s + n], v[s : s + n]
-            mask, causal = span.mask, span.mask is None
         else:
             kc, vc = kv.gather(layer, span.block_table.unsqueeze(0))
-            ks, vs = kc[0, : span.context_len].to(q.dtype), vc[0, : span.context_len].to(q.dtype)
-            mask, causal = span.mask, span.mask is None
-        ks = ks.transpose(0, 1).unsqueeze(0)
-        vs = vs.transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=group > 1)
-        out[s : s + n] = o[0].transpose(0, 1)
+            ks, vs = kc[0, :ctx].to(q.dtype), vc[0, :ctx].to(q.dtype)
+        ks = ks.transpose(0, 1).contiguous()  # [Hkv, ctx, d]
+        vs = vs.transpose(0, 1).contiguous()
+        if span.mask is not None:
+            mask = span.mask[:, : ks.shape[1]]
+        else:
+            keys = torch.arange(ks.shape[1], device=q.device)
+            mask = keys[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+        for c in range(0, n, QUERY_CHUNK):
+            m = min(n, c + QUERY_CHUNK) - c
+            qs = q[s + c : s + c + m].view(m, kv_heads, group, dim).permute(1, 0, 2, 3)
+            qs = qs.reshape(kv_heads, m * group, dim)
+            rows_mask = mask[c : c + m].repeat_interleave(group, 0)[None]
+            o = invariant_attention(qs, ks, vs, rows_mask)
+            out[s + c : s + c + m] = o.view(kv_heads, m, group, dim).permute(1, 0, 2, 3).reshape(m, heads, dim)
     if meta.observer is not None:
         meta.observer(layer, q, kv)
     return out

@@ -23,20 +23,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-FEW_ROWS = 16
+ROW_TILE = 4  # MKL computes a remainder of 1-3 rows with other kernels (other rounding) than whole tiles of 4
 
 
 def cpu_fp32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T for fp32 on the CPU with F.linear's values (tests/models/test_cpu_linear.py). For up to FEW_ROWS
-    rows (decode) MKL runs F.linear's matrix-vector form on one thread only; splitting the weight's rows into one
-    slice per thread and running the slices as one batched matmul streams it up to 1.6x faster (docs/ENGINE.md).
-    Prefill takes F.linear."""
+    """x @ w.T for fp32 on the CPU, row-invariant: row i of the output depends only on row i of x, bit for bit,
+    whatever the row count (tests/models/test_linear_invariance.py), so a token's values do not depend on its
+    batch-mates. Rows are padded with zeros to a multiple of ROW_TILE. The weight's output rows are split into
+    one slice per torch thread run as one batched matmul: for a decode, MKL runs F.linear's
+    matrix-vector form on one thread only, and the slices stream the weight up to 1.6x faster (docs/ENGINE.md)."""
     rows, (out_features, in_features) = x.shape[0], w.shape
     parts = torch.get_num_threads()
-    if rows > FEW_ROWS or parts < 2 or out_features % parts:
-        return F.linear(x, w, bias)
+    if parts < 1 or out_features % parts:
+        parts = 1
+    padded = max(ROW_TILE, -(-rows // ROW_TILE) * ROW_TILE)
+    if padded != rows:
+        x = torch.cat([x, x.new_zeros(padded - rows, in_features)])
     slices = w.view(parts, out_features // parts, in_features).transpose(1, 2)
-    out = torch.bmm(x.unsqueeze(0).expand(parts, rows, in_features), slices).transpose(0, 1).reshape(rows, -1)
+    out = torch.bmm(x.unsqueeze(0).expand(parts, padded, in_features), slices).transpose(0, 1).reshape(padded, -1)
+    out = out[:rows]
     return out if bias is None else out + bias
 
 

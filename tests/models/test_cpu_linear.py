@@ -1,4 +1,4 @@
-"""The sliced decode matmul gives F.linear's values for every row count, shape and bias."""
+"""The row-tiled, sliced fp32 matmul gives F.linear's values (to rounding) for every row count, shape and bias."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hafiza.models.llama import FEW_ROWS, cpu_fp32_linear
+from hafiza.models.llama import ROW_TILE, cpu_fp32_linear
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("rows", [1, 2, 5, FEW_ROWS, FEW_ROWS + 1, 64])
+@pytest.mark.parametrize("rows", [1, 2, 5, ROW_TILE, ROW_TILE + 1, 16, 17, 64])
 @pytest.mark.parametrize("out_features", [96, 97])
 def test_matches_f_linear(threads: int, rows: int, out_features: int) -> None:
     before = torch.get_num_threads()
