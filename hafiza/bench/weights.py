@@ -65,6 +65,19 @@ def gguf_bytes_per_token(path: Path) -> int:
     return sum(n for name, n in tensors.items() if name != skip)
 
 
+def gguf_types(path: Path) -> str:
+    """The file's matrix types by bytes, largest first (`Q4_1+Q6_K`): the format llama.cpp computes with."""
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    by_type: Counter[str] = Counter()
+    for t in GGUFReader(path).tensors:
+        if len(t.shape) > 1:
+            by_type[t.tensor_type.name] += int(t.n_bytes)
+    return "+".join(name for name, _ in by_type.most_common())
+
+
 def run_worker(system: str, model: Path, weights: str, prefill: int, new_tokens: int, threads: int,
                timeout_s: float) -> dict[str, Any]:
     """One worker process; its JSON line, or an error row (never raises)."""
@@ -119,7 +132,7 @@ def run(models: list[str], systems: list[str], weights: str, prefill: int, new_t
                 t0 = time.perf_counter()
                 res = run_worker(system, path, weights, prefill, new_tokens, threads, timeout_s)
                 if system == "llama.cpp" and "error" not in res:
-                    res["bytes_read_per_token"] = gguf_bytes_per_token(path)
+                    res |= {"weights": f"gguf ({gguf_types(path)})", "bytes_read_per_token": gguf_bytes_per_token(path)}
                 res = {"model": path.name, "repeat": rep, "load_average": os.getloadavg()[0], **res}
                 runs.append(res)
                 echo(f"  {path.name} {system}: " + (res["error"] if "error" in res else

@@ -1,0 +1,75 @@
+"""`hafiza bench weights`: real worker processes on the default model (quick sizes), the JSON the issue asks for,
+a worker that fails reported as an error row, bad options as one line; the llama.cpp side only where installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hafiza.bench import weights
+from hafiza.bench.llamacpp import llama_import
+from hafiza.models.loader import default_model_path
+
+REQUIRED = ("model", "system", "weights", "decode_tok_s", "prefill_tok_s", "peak_rss_bytes", "load_s",
+            "busy_decode_tok_s")
+
+
+def hafiza_cmd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hafiza", "bench", "weights", *args], capture_output=True,
+                          text=True, timeout=900)
+
+
+def test_quick_run_writes_every_required_field(tmp_path: Path) -> None:
+    systems = "hafiza,llama.cpp" if llama_import()[0] is not None else "hafiza"
+    out = tmp_path / "weights.json"
+    done = hafiza_cmd("--quick", "--systems", systems, "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["bandwidth_GBps"] > 0
+    assert [r["system"] for r in data["results"]] == systems.split(",")
+    for row in data["results"]:
+        assert "error" not in row, row
+        for field in REQUIRED:
+            assert row[field] is not None and row[field] != "", (field, row)
+        assert row["model"] == default_model_path().name
+        assert row["peak_rss_bytes"] > 50 * 2**20 and row["load_s"] > 0
+        assert row["bytes_read_per_token"] > 10 * 2**20
+        assert row["decode_fraction_of_limit"] > 0
+    hafiza_row = data["results"][0]
+    assert hafiza_row["weights"].startswith("auto (") and "int4" in hafiza_row["weights"]
+    if len(data["results"]) > 1:
+        assert data["results"][1]["weights"] == "gguf (Q4_1+Q8_0)"
+    assert "memory read bandwidth" in done.stdout
+
+
+def test_a_failing_worker_is_an_error_row_not_a_number(tmp_path: Path) -> None:
+    bogus = tmp_path / "not-a-model.gguf"
+    bogus.write_bytes(b"GGUF" + b"\0" * 64)
+    res = weights.run_worker("hafiza", bogus, "auto", 16, 4, 1, timeout_s=300)
+    assert "error" in res and "exit status" in res["error"]
+    rows = weights.summarize([{"model": bogus.name, "system": "hafiza", **res}], bandwidth=10.0)
+    assert rows[0]["error"] and rows[0]["decode_tok_s"] is None
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--systems", "vllm"], "--systems"),
+    (["--weights", "q3"], "--weights"),
+    (["--models", "/nonexistent/x.gguf"], "no file"),
+])
+def test_bad_options_end_in_one_line(args: list[str], needle: str) -> None:
+    done = hafiza_cmd(*args)
+    assert done.returncode == 2
+    assert needle in done.stderr and "Traceback" not in done.stderr
+
+
+def test_gguf_bytes_per_token_counts_the_output_matrix() -> None:
+    from gguf import GGUFReader
+
+    path = default_model_path()
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    expect = sum(tensors.values()) - (tensors["token_embd.weight"] if "output.weight" in tensors else 0)
+    assert weights.gguf_bytes_per_token(path) == expect
