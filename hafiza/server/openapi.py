@@ -32,7 +32,7 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/detokenize": DetokenizeRequest,
 }
 STREAMING = {"/v1/messages", "/v1/chat/completions", "/v1/completions", "/v1/responses"}
-API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/health")
+API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info", "/health")
 
 OPENAI_ERROR: Json = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],

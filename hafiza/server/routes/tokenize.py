@@ -1,5 +1,5 @@
-"""POST /tokenize and /detokenize (the model's own tokenizer, as vLLM serves them), and /v1/embeddings, which
-this server does not offer: a 404 that says so rather than a bare "no route"."""
+"""POST /tokenize, /detokenize and GET /tokenizer_info (the model's own tokenizer, as vLLM serves them), and
+/v1/embeddings, which this server does not offer: a 404 that says so rather than a bare "no route"."""
 
 from __future__ import annotations
 
@@ -56,3 +56,12 @@ async def embeddings(state: ServerState = Depends(server_state)) -> Json:
     """Not served: hafiza runs generative models only."""
     raise ApiError(404, f"embeddings are not served here: {state.settings.model_name!r} is a generative model and "
                         f"this server has no /v1/embeddings", code="not_found")
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(state: ServerState = Depends(server_state)) -> Json:
+    """The tokenizer's special tokens and chat template (what lm-eval's `tokenizer_backend=remote` reads)."""
+    tok = state.tokenizer
+    return {"tokenizer_class": "hafiza", "bos_token": tok.bos_token, "eos_token": tok.eos_token, "pad_token": None,
+            "add_bos_token": tok.add_bos, "chat_template": tok.chat_template,
+            "model_max_length": state.max_model_len, "vocab_size": tok.vocab_size}
