@@ -66,8 +66,9 @@ def serve(
                              ] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted (413 above).")] = 8 * 2**20,
     max_messages: Annotated[int, typer.Option(help="Most messages in one request (400 above).")] = 10_000,
-    max_prompt_chars: Annotated[int, typer.Option(
-        help="Longest prompt in characters, content and rendered template (400 above).")] = 2_000_000,
+    max_prompt_chars: Annotated[int | None, typer.Option(
+        help="Longest prompt in characters, content and rendered template (400 above; default: 32 per token "
+             "of the model's context).")] = None,
     header_timeout: Annotated[float, typer.Option(
         help="Seconds a connection may take to send its request headers before it is closed.")] = 10.0,
     body_timeout: Annotated[float, typer.Option(
@@ -106,7 +107,8 @@ def serve(
         raise HafizaError("--min-cache-tokens must be >= 0 and --max-body-bytes >= 1")
     if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
         raise HafizaError("--block-size, --max-num-seqs and --max-num-batched-tokens must be positive")
-    if max_messages < 1 or max_prompt_chars < 1 or not header_timeout > 0 or not body_timeout > 0:
+    if max_messages < 1 or (max_prompt_chars is not None and max_prompt_chars < 1) or not header_timeout > 0 \
+            or not body_timeout > 0:
         raise HafizaError("--max-messages, --max-prompt-chars, --header-timeout and --body-timeout must be positive")
     if (max_waiting is not None and max_waiting < 0) or (max_queue_time is not None and not max_queue_time > 0):
         raise HafizaError("--max-waiting must be >= 0 and --max-queue-time > 0")

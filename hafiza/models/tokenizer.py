@@ -11,7 +11,7 @@ from typing import Any
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Encoding, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from hafiza.errors import ModelLoadError
@@ -69,6 +69,11 @@ class Tokenizer:
             self._special_ids = frozenset(i for i, t in added.items() if t.special and i not in self.textual_ids)
         return self._special_ids
 
+    def encode_unlocked(self, text: str) -> Encoding:
+        """The backend's encoding of `text` (no special tokens added), computed without holding the GIL, so a
+        long prompt tokenized on a worker thread does not stall the event loop (`encode` holds it throughout)."""
+        return self.backend.encode_batch([text], add_special_tokens=False)[0]
+
     def spells_special(self, text: str) -> bool:
         """Whether `text` contains the spelling of a control token."""
         if self._special_re is None:
@@ -87,7 +92,7 @@ class Tokenizer:
             plain = HFTokenizer.from_str(json.dumps(spec))
             plain.encode_special_tokens = True
             self._plain = plain
-        enc = self._plain.encode(text, add_special_tokens=False)
+        enc = self._plain.encode_batch([text], add_special_tokens=False)[0]
         return list(enc.ids), list(enc.offsets)
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:

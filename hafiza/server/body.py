@@ -61,7 +61,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"request body has a number that cannot be read: {exc}") from exc
     if not isinstance(data, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(data).__name__}")
-    _check_tree(data)
+    _check_tree(data, raw)
     return data
 
 
@@ -69,30 +69,43 @@ def _no_constant(name: str) -> float:
     raise ApiError(400, f"malformed JSON in request body: {name} is not a JSON value")
 
 
-def _check_tree(data: dict[str, Any]) -> None:
-    """400 naming the place of the first string with a lone surrogate, or of nesting past MAX_JSON_DEPTH."""
-    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 1, ())]
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_tree(data: dict[str, Any], raw: bytes) -> None:
+    """400 naming the place of the first string with a lone surrogate, or of nesting past MAX_JSON_DEPTH. Strings
+    are scanned only if the raw body escapes a surrogate (UTF-8 cannot carry one), so the common case only walks
+    the containers."""
+    scan = _ESCAPED_SURROGATE.search(raw) is not None
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(data, 1)]
     while stack:
-        value, depth, loc = stack.pop()
-        if isinstance(value, str):
-            bad = _SURROGATE.search(value)
-            if bad is not None:
-                where = loc_text(loc) or "body"
-                raise ApiError(400, f"{where}: text has a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}) at "
-                                    f"character {bad.start()}; strings must be valid Unicode", param=where)
-            continue
-        if not isinstance(value, dict | list):
-            continue
+        value, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
-            where = loc_text(loc)
+            where = loc_text(_path_to(data, value))
             raise ApiError(400, f"{where}: JSON nests deeper than the limit of {MAX_JSON_DEPTH} levels", param=where)
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, child in items:
-            if isinstance(key, str) and _SURROGATE.search(key):
-                raise ApiError(400, f"{loc_text(loc) or 'body'}: a key has a lone UTF-16 surrogate; strings must be "
-                                    f"valid Unicode")
-            if isinstance(child, str | dict | list):
-                stack.append((child, depth + 1, (*loc, key)))
+            if scan and isinstance(key, str) and _SURROGATE.search(key):
+                raise ApiError(400, f"{loc_text(_path_to(data, value)) or 'body'}: a key has a lone UTF-16 "
+                                    f"surrogate; strings must be valid Unicode")
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+            elif scan and isinstance(child, str) and (bad := _SURROGATE.search(child)) is not None:
+                where = loc_text((*_path_to(data, value), key))
+                raise ApiError(400, f"{where}: text has a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}) at "
+                                    f"character {bad.start()}; strings must be valid Unicode", param=where)
+
+
+def _path_to(root: dict[str, Any] | list[Any], target: dict[str, Any] | list[Any]) -> tuple[Any, ...]:
+    """The location of the container `target` inside `root` (found again, only to word an error)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
+    while stack:
+        value, loc = stack.pop()
+        if value is target:
+            return loc
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack.extend((child, (*loc, key)) for key, child in items if isinstance(child, dict | list))
+    return ()
 
 
 def check_message_count(data: dict[str, Any], limit: int) -> None:

@@ -157,7 +157,7 @@ def _encode_regions(tokenizer: Tokenizer, text: str, plain_spans: list[tuple[int
                     ) -> tuple[list[int], list[tuple[int, int]]]:
     """Encode `text` region by region: template regions with special tokens, `plain_spans` as plain text."""
     if not plain_spans:
-        enc = tokenizer.backend.encode(text, add_special_tokens=False)
+        enc = tokenizer.encode_unlocked(text)
         return list(enc.ids), list(enc.offsets)
     ids: list[int] = []
     offsets: list[tuple[int, int]] = []
@@ -169,7 +169,7 @@ def _encode_regions(tokenizer: Tokenizer, text: str, plain_spans: list[tuple[int
             if plain:
                 part_ids, part_offsets = tokenizer.encode_plain(text[a:b])
             else:
-                enc = tokenizer.backend.encode(text[a:b], add_special_tokens=False)
+                enc = tokenizer.encode_unlocked(text[a:b])
                 part_ids, part_offsets = list(enc.ids), list(enc.offsets)
             ids += part_ids
             offsets += [(a + s, a + e) for s, e in part_offsets]

@@ -9,6 +9,7 @@ from pathlib import Path
 from hafiza.errors import HafizaError
 
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+CHARS_PER_CONTEXT_TOKEN = 32
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 MAX_CACHE_SALT_CHARS = 256
 
@@ -89,7 +90,7 @@ class ServerSettings:
     explain_history: int = 256
     ping_interval_s: float = 10.0
     max_messages: int = 10_000
-    max_prompt_chars: int = 2_000_000
+    max_prompt_chars: int | None = None  # None: CHARS_PER_CONTEXT_TOKEN per token of the model's context
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     allow_special_tokens_in_content: bool = False

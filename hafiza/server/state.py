@@ -14,7 +14,7 @@ from hafiza.models.tokenizer import Tokenizer
 from hafiza.server.errors import ApiError
 from hafiza.server.explain import CacheExplainer
 from hafiza.server.metrics import ServerMetrics
-from hafiza.server.settings import ServerSettings
+from hafiza.server.settings import CHARS_PER_CONTEXT_TOKEN, ServerSettings
 
 
 @dataclass
@@ -30,6 +30,8 @@ class ServerState:
     def create(cls, aengine: AsyncEngine, settings: ServerSettings,
                registry: CollectorRegistry | None = None) -> ServerState:
         engine = aengine.engine
+        if settings.max_prompt_chars is None:  # a prompt this long could not fit the context anyway
+            settings.max_prompt_chars = CHARS_PER_CONTEXT_TOKEN * engine.max_model_len
         metrics = ServerMetrics(aengine.stats, settings.model_name, settings.prices, registry)
         aengine.admission_listeners.append(metrics.queue_time.observe)
         explainer = CacheExplainer(engine.layout.block_size, settings.explain_history, settings.explain_details)

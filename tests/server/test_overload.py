@@ -141,7 +141,7 @@ def test_a_full_queue_answers_at_once_with_retry_after(queued: Queued, api: str)
 def test_a_request_waiting_past_the_queue_time_limit_is_refused(queued: Queued, api: str) -> None:
     a, o = clients(queued)
     ask = ask_anthropic(a, queued.model) if api == "anthropic" else ask_openai(o, queued.model)
-    before = httpx.get(f"{queued.url}/metrics").text
+    before = httpx.get(f"{queued.url}/metrics", timeout=120).text
     hold = Hold(queued.aengine)
     wait_for(hold.entered.is_set, "the engine to be held")
     late = Call(ask)
@@ -161,7 +161,7 @@ def test_a_request_waiting_past_the_queue_time_limit_is_refused(queued: Queued, 
     assert err.status_code == (529 if api == "anthropic" else 429)
     assert err.response.headers["retry-after"] == "1"
     assert "without being scheduled, the limit is 0.5 s (--max-queue-time)" in err.message
-    after = httpx.get(f"{queued.url}/metrics").text
+    after = httpx.get(f"{queued.url}/metrics", timeout=120).text
     status = "529" if api == "anthropic" else "429"
     assert value(after, "request_errors_total", api=api, status=status) == value(
         before, "request_errors_total", api=api, status=status) + 1
@@ -169,10 +169,10 @@ def test_a_request_waiting_past_the_queue_time_limit_is_refused(queued: Queued, 
 
 
 def test_queue_time_is_a_histogram(queued: Queued) -> None:
-    before = httpx.get(f"{queued.url}/metrics").text
+    before = httpx.get(f"{queued.url}/metrics", timeout=120).text
     _, o = clients(queued)
     o.chat.completions.create(model=queued.model, max_tokens=1, messages=MSG)
-    after = httpx.get(f"{queued.url}/metrics").text
+    after = httpx.get(f"{queued.url}/metrics", timeout=120).text
     assert "hafiza:request_queue_time_seconds_bucket" in after
     assert value(after, "request_queue_time_seconds_count") == value(before, "request_queue_time_seconds_count") + 1
 
@@ -193,13 +193,14 @@ def test_message_count_and_prompt_size_limits(limited: str, server: Server) -> N
     big = [{"role": "user", "content": "y" * 30_000}]
     for path in ("/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions"):
         limit = {} if path.endswith("count_tokens") else {"max_tokens": 1}
-        r = httpx.post(f"{limited}{path}", json={"model": server.model, **limit, "messages": many})
+        r = httpx.post(f"{limited}{path}", timeout=120, json={"model": server.model, **limit, "messages": many})
         assert r.status_code == 400, r.text
         assert "messages: 51 messages exceed the limit of 50 (--max-messages)" in r.text
-        r = httpx.post(f"{limited}{path}", json={"model": server.model, **limit, "messages": big})
+        r = httpx.post(f"{limited}{path}", timeout=120, json={"model": server.model, **limit, "messages": big})
         assert r.status_code == 400, r.text
         assert "the messages hold 30000 characters of text; the limit is 20000 (--max-prompt-chars)" in r.text
-    r = httpx.post(f"{limited}/v1/messages", json={"model": server.model, "max_tokens": 1, "messages": many[:49]})
+    r = httpx.post(f"{limited}/v1/messages", timeout=120,
+                   json={"model": server.model, "max_tokens": 1, "messages": many[:49]})
     assert r.status_code == 200, r.text
 
 
@@ -228,7 +229,7 @@ def test_slow_headers_are_cut_off(limited: str) -> None:
     for s in socks:
         s.close()
     assert not open_socks, f"{len(open_socks)} slow-header connections still open after 60 s"
-    assert httpx.get(f"{limited}/health").status_code == 200
+    assert httpx.get(f"{limited}/health", timeout=120).status_code == 200
 
 
 def test_slow_body_gets_408_and_is_closed(limited: str, server: Server) -> None:
