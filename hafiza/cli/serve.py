@@ -91,7 +91,7 @@ def serve(
         help="KV store tier shared by instances: redis://host:port or redis://host:port/DB, or "
              "redis+cluster://host:port (?ttl=SECONDS, default 300; ?prefix=).")] = None,
     store_codec: Annotated[str, typer.Option(
-        help="Lossless codec of stored KV blocks: raw, zstd, exponent or predictive.")] = "zstd",
+        help="Lossless codec of stored KV blocks: raw, zstd, planes, exponent or predictive.")] = "zstd",
     store_write_back: Annotated[bool, typer.Option(
         help="Write blocks to RAM first, to disk/Redis on eviction and at shutdown (needs --store-ram).")] = False,
 ) -> None:

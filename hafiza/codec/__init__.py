@@ -1,4 +1,4 @@
-"""Lossless KV coding: bit formats, chunked framing, coders (raw, zstd, exponent, predictive) and predictors
+"""Lossless KV coding: bit formats, chunked framing, coders (raw, zstd, planes, exponent, predictive) and predictors
 (previous-token, speculative). `encode(tensor, context) -> bytes` and `decode(bytes, context) -> tensor`."""
 
 from hafiza.codec.api import decode, encode
