@@ -136,8 +136,8 @@ def _start() -> ThreadPolicy:
             import torch
 
             cpus = allowed_cpus()
-            maximum = max(1, min(torch.get_num_threads(), len(cpus)))
-            _parts = _parts or maximum
+            _parts = _parts or max(1, min(torch.get_num_threads(), len(cpus)))
+            maximum = len(cpus)  # each thread's own count caps it (adapt)
             _policy = ThreadPolicy(maximum, cpus, adaptive=os.environ.get("HAFIZA_ADAPTIVE_THREADS", "1") != "0")
         return _policy
 
@@ -163,15 +163,15 @@ def decode_parts() -> int:
 
 def adapt() -> int:
     """Set this thread's torch intra-op threads for the next step (see ThreadPolicy); returns the count used.
-    A count set by the user (torch.set_num_threads) since the last step becomes the new maximum."""
+    The count this thread had at its first call, or that someone set since (torch.set_num_threads), is its ceiling."""
     import torch
 
     policy = _start()
     have = torch.get_num_threads()
-    if getattr(_applied, "n", have) != have:  # someone else set it: respect it as the ceiling
-        policy.maximum = policy.current = max(1, min(have, len(policy.cpus)))
+    if getattr(_applied, "n", None) != have:
+        _applied.ceiling = max(1, min(have, policy.maximum))
     with _lock:
-        want = policy.update()
+        want = min(policy.update(), _applied.ceiling)
     if want != have:
         torch.set_num_threads(want)
     _applied.n = want
