@@ -42,7 +42,7 @@ ANTHROPIC_ERROR: Json = {"type": "object", "required": ["type", "error"], "prope
     "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
                                           "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
 ERROR_STATUSES = {"400": "invalid request", "401": "missing or wrong API key", "403": "forbidden",
-                  "404": "not found", "405": "method not allowed", "413": "request body too large",
+                  "404": "not found", "405": "method not allowed", "413": "request body too large", "415": "body is not JSON",
                   "429": "too many requests", "500": "internal error", "503": "engine unavailable"}
 
 
@@ -64,7 +64,7 @@ def build_openapi(app: FastAPI) -> Json:
     components["OpenAIError"], components["AnthropicError"] = OPENAI_ERROR, ANTHROPIC_ERROR
     paths: dict[str, dict[str, Json]] = doc.get("paths", {})
     for path in list(paths):
-        if not path.startswith(API_PREFIXES) and path != "/metrics":
+        if not path.startswith(API_PREFIXES):
             del paths[path]
     for path, ops in paths.items():
         error = "AnthropicError" if path.startswith("/v1/messages") else "OpenAIError"
