@@ -277,3 +277,25 @@ def test_unexpected_errors_keep_the_connection(failing_server: str, server: Serv
         assert conn.sock is sock  # one connection throughout: never reset, never reopened
     finally:
         conn.close()
+
+
+HUGE = 2**64 + 1
+
+
+@pytest.mark.parametrize("path,field", [
+    ("/v1/messages", {"max_tokens": HUGE}), ("/v1/messages", {"top_k": HUGE}),
+    ("/v1/chat/completions", {"max_tokens": HUGE}), ("/v1/chat/completions", {"max_completion_tokens": HUGE}),
+    ("/v1/chat/completions", {"top_k": HUGE}), ("/v1/chat/completions", {"n": HUGE}),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": HUGE}),
+    ("/v1/chat/completions", {"logit_bias": {str(HUGE): 1.0}}),
+    ("/v1/chat/completions", {"logit_bias": {"-1": 1.0}}),
+])
+def test_integers_past_64_bits_get_400_or_are_served(http: httpx.Client, server: Server, path: str,
+                                                     field: dict) -> None:
+    """Every integer parameter: a value past 64 bits is refused with a 400, or (top_k: larger than the
+    vocabulary means off) served; never a 500."""
+    body = {"model": server.model, "messages": MSG, "max_tokens": 1, "temperature": 1.0, **field}
+    r = post(http, path, body)
+    assert r.status_code in (200, 400), r.text
+    if r.status_code == 400:
+        assert "Traceback" not in r.text and "internal" not in r.text
