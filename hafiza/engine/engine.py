@@ -15,6 +15,7 @@ from hafiza.cache.block_manager import BlockManager, BlockStats
 from hafiza.cache.memory import kv_memory_bytes
 from hafiza.device import dtype_name
 from hafiza.engine.connector import KVConnector
+from hafiza.engine.determinism import determinism_header, nondeterminism_reasons
 from hafiza.engine.output import TextOutput, TokenLogprob, token_logprobs
 from hafiza.engine.runner import ModelRunner
 from hafiza.engine.sampling import SamplingParams, apply_penalties, sample
@@ -188,6 +189,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self.prompt_tokens = self.generation_tokens = self.requests_finished = 0
         self.connector: KVConnector | None = None
+        self.nondeterminism = nondeterminism_reasons(self.kv_kind, cfg.eviction, model.device, model.dtype)
+        self.determinism = determinism_header(self.nondeterminism)  # the x-hafiza-deterministic header
 
     def attach_connector(self, connector: KVConnector) -> None:
         """Connect KV tiers below the pool: full blocks are written through, admissions look them up."""

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.server.dashboard import mount_dashboard
+from hafiza.server.determinism import HEADER as DETERMINISM_HEADER
+from hafiza.server.determinism import DeterminismHeader
 from hafiza.server.errors import install_error_handlers
 from hafiza.server.guard import BrowserGuard
 from hafiza.server.openapi import mount_openapi
@@ -15,7 +17,7 @@ from hafiza.server.routes import anthropic, common, completions, openai, respons
 from hafiza.server.settings import ServerSettings
 from hafiza.server.state import ServerState
 
-EXPOSED_HEADERS = ("x-hafiza-cache", "x-hafiza-tiers", "request-id", "x-request-id")
+EXPOSED_HEADERS = ("x-hafiza-cache", "x-hafiza-tiers", DETERMINISM_HEADER, "request-id", "x-request-id")
 
 
 def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
@@ -41,4 +43,5 @@ def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS))
     app.add_middleware(BrowserGuard, settings=settings)
+    app.add_middleware(DeterminismHeader, value=aengine.engine.determinism)
     return app
