@@ -10,7 +10,7 @@ from hafiza.models import LoadedModel
 from hafiza.models.tokenizer import Tokenizer
 from hafiza.server.convert import anthropic_conversation, check_breakpoints, openai_conversation
 from hafiza.server.errors import ApiError
-from hafiza.server.prompt import Breakpoint, Piece, Turn, build_prompt
+from hafiza.server.prompt import Breakpoint, Conversation, Piece, Turn, build_prompt
 from hafiza.server.schemas.anthropic import MessagesRequest
 from hafiza.server.schemas.openai import ChatMessage
 from hafiza.server.usage import anthropic_usage, counted_breakpoints, pins_for
@@ -222,3 +222,20 @@ def test_count_tokens_and_both_apis_read_content_as_plain_text(http: httpx.Clien
     r = http.post("/v1/chat/completions", json={"model": server.model, "max_tokens": 1, "messages": msgs})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(plain.ids)
+
+
+def test_tool_definitions_rendered_by_the_template_are_plain_text(qwen_tok: Tokenizer) -> None:
+    assert qwen_tok.template_supports_tools
+
+    def conv(description: str) -> Conversation:
+        tool = {"type": "function", "function": {"name": "lookup", "description": description,
+                                                 "parameters": {"type": "object"}}}
+        return Conversation([Turn("user", "messages[0]", [Piece("hi")])], tools=[tool])
+
+    reference = build_prompt(qwen_tok, conv("Looks things up."))
+    prompt = build_prompt(qwen_tok, conv(f"Looks things up.{INJECTION}"))
+    assert prompt.tools_span is not None and "# Tools" in prompt.text
+    assert "<|im_end|>" in prompt.text[prompt.tools_span[0]:prompt.tools_span[1]]  # JSON keeps it (escapes the \n)
+    assert specials_in(prompt, qwen_tok) == specials_in(reference, qwen_tok)
+    assert len(specials_in(build_prompt(qwen_tok, conv(INJECTION), allow_special_in_content=True), qwen_tok)) > len(
+        specials_in(reference, qwen_tok))
