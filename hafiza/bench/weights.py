@@ -6,8 +6,10 @@ Optionally the server load of `bench llamacpp` (hafiza serve vs llama-server wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,13 +88,20 @@ def run_worker(system: str, model: Path, weights: str, prefill: int, new_tokens:
         env = user_environment() | {"HAFIZA_OMP_DEFAULTS": ""}
     cmd = [sys.executable, "-m", "hafiza.bench.weights_worker", system, str(model), weights, str(prefill),
            str(new_tokens), str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException as exc:  # a timeout, or this process being stopped: take the worker's group down too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            return {"error": f"timed out after {timeout_s:.0f} s"}
+        raise
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+        tail = (stderr.strip().splitlines() or [""])[-1][:300]
         return {"error": f"exit status {proc.returncode}: {tail}"}
     return json.loads(lines[-1])
 

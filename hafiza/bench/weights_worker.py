@@ -19,17 +19,19 @@ from pathlib import Path
 from typing import Any
 
 DECODE_CONTEXT = 128
-SPIN = "import sys\nprint('spinning', flush=True)\nwhile True: pass\n"
+# Spins until its parent is gone (a killed worker leaves no spinner behind).
+SPIN = ("import os\nparent = os.getppid()\nprint('spinning', flush=True)\nwhile os.getppid() == parent:\n"
+        "    for _ in range(1_000_000):\n        pass\n")
 
 
 @contextmanager
-def spinning_core() -> Iterator[None]:
-    """A separate process keeping one core busy for the duration (started when it says so)."""
+def spinning_core() -> Iterator[int]:
+    """A separate process keeping one core busy for the duration (started when it says so); yields its pid."""
     proc = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         proc.stdout.readline()
-        yield
+        yield proc.pid
     finally:
         proc.kill()
         proc.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ def hafiza_cmd(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=900)
 
 
+@pytest.mark.timeout(900)
 def test_quick_run_writes_every_required_field(tmp_path: Path) -> None:
     systems = "hafiza,llama.cpp" if llama_import()[0] is not None else "hafiza"
     out = tmp_path / "weights.json"
@@ -73,3 +75,25 @@ def test_gguf_bytes_per_token_counts_the_output_matrix() -> None:
     tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
     expect = sum(tensors.values()) - (tensors["token_embd.weight"] if "output.weight" in tensors else 0)
     assert weights.gguf_bytes_per_token(path) == expect
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_the_spinner_stops_when_its_worker_is_killed() -> None:
+    code = ("import time\nfrom hafiza.bench.weights_worker import spinning_core\n"
+            "with spinning_core() as pid:\n    print(pid, flush=True)\n    time.sleep(600)\n")
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None
+    spinner = int(worker.stdout.readline())
+    assert _running(spinner)
+    worker.kill()
+    worker.wait()
+    deadline = time.monotonic() + 60
+    while _running(spinner) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(spinner), f"spinner {spinner} outlived its worker"
