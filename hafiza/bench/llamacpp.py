@@ -29,6 +29,7 @@ import typer
 
 from hafiza.bench import serve as serve_bench
 from hafiza.bench.common import wait_http, write_json
+from hafiza.threads import user_environment
 
 NEW_TOKENS = 64
 QUICK_ARGS = ("--contexts", "64", "--repeats", "1", "--system-tokens", "160", "--sessions", "2", "--turns", "1",
@@ -180,7 +181,8 @@ async def _load(url: str, cfg: serve_bench.Config) -> dict[str, Any]:
 def run_llama_server(cmd: list[str], port: int, cfg: serve_bench.Config, log: Path) -> dict[str, Any]:
     """Start llama.cpp's server (listening on `port`), run the load against it, stop it."""
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        # llama-server runs as the user would start it: without the OpenMP defaults hafiza sets for itself
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=user_environment())
         try:
             url = f"http://127.0.0.1:{port}"
             wait_http(proc, f"{url}/v1/models", "the server", timeout_s=300)

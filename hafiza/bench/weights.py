@@ -223,8 +223,10 @@ def server_load(sessions: int) -> dict[str, Any]:
 
     binary = llamacpp.find_llama_server(None)
     cfg = serve_bench.Config(sessions, 2, 32, 1100, api="openai")
+    logs = Path("bench/results")
+    logs.mkdir(parents=True, exist_ok=True)
     out = llamacpp.bench_servers(default_model_path(), cfg, ["binary"] if binary else [], binary, sessions,
-                                 len(allowed_cpus()), Path("bench/results"))
+                                 len(allowed_cpus()), logs)
     if binary is None:
         out["rows"].append({"system": "llama.cpp llama-server", "error": "no llama-server binary found "
                             "($HAFIZA_LLAMA_SERVER or PATH)"})
