@@ -172,3 +172,17 @@ def test_forced_reply_is_the_json_after_the_prefix() -> None:
     assert text == "" and [c.name for c in calls] == ["get_weather"]
     text, calls = split_reply('{"name": "get_weather", "argu', HERMES, NAMES, forced=True)
     assert text == '{"name": "get_weather", "argu' and calls == []
+
+
+def test_without_parallel_calls_only_the_first_is_kept(default_model: LoadedModel) -> None:
+    from hafiza.engine.engine import RequestOutput
+    from hafiza.server.tools.reply import ReplyReader
+    from hafiza.server.tools.spec import ToolChoice, ToolDef
+
+    tools = [ToolDef("get_weather", None, {"type": "object"}), ToolDef("get_time", None, {"type": "object"})]
+    reply = f"<tool_call>{CALL}</tool_call><tool_call>{{\"name\": \"get_time\", \"arguments\": {{}}}}</tool_call>"
+    for parallel, names in ((True, ["get_weather", "get_time"]), (False, ["get_weather"])):
+        reader = ReplyReader(default_model.tokenizer, GENERIC, tools, ToolChoice("auto", None, parallel))
+        reader.feed(RequestOutput("r", [], reply, True))
+        reader.finish()
+        assert [c.name for c in reader.calls] == names and reader.text == ""

@@ -3,7 +3,8 @@
 With tools in play (and a tool_choice other than none) the reply's text goes through the family's parser; for a
 native template the text is decoded from the token ids with special tokens kept, since a family's call markers
 (Qwen2.5's `<tool_call>`) may be special tokens the engine's text leaves out. Whitespace-only text next to calls
-is dropped (the APIs return no empty text block beside a call).
+is dropped (the APIs return no empty text block beside a call). Without parallel calls
+(`parallel_tool_calls: false`, `disable_parallel_tool_use`) only the first call of a reply is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class ReplyReader:
         self.active = bool(tools) and choice.mode != "none"
         self.parser = ToolCallParser(fmt, {t.name for t in tools}, forced=choice.forced) if self.active else None
         self.own_decode = self.active and fmt.native
+        self.parallel = choice.parallel
         self._ids: list[int] = []
         self._decoded = ""
         self._pending = ""
@@ -59,6 +61,8 @@ class ReplyReader:
         out: list[Part] = []
         for part in parts:
             if isinstance(part, CallPart):
+                if self.calls and not self.parallel:
+                    continue
                 self._pending = ""
                 self.calls.append(part.call)
                 out.append(part)
