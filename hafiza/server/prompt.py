@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import jinja2
@@ -190,10 +191,10 @@ def encode_conversation(tokenizer: Tokenizer, conv: Conversation, text: str,
     hits = [off for i, off in zip(ids, offsets, strict=True) if i in special]
     if not hits:
         return _with_bos(tokenizer, ids, offsets)
-    spans = content_spans(tokenizer, conv, text)
+    spans = content_spans(tokenizer, conv, text) + _extra_spans(tokenizer, conv, text)
     if conv.tools:
         spans.append(_tools_span(tokenizer, conv, text))
-    spans = sorted(sp for sp in spans if sp[1] > sp[0])
+    spans = _merged(sp for sp in spans if sp[1] > sp[0])
     starts = [a for a, _ in spans]
     plain: set[tuple[int, int]] = set()
     while True:
@@ -211,6 +212,58 @@ def encode_conversation(tokenizer: Tokenizer, conv: Conversation, text: str,
         hits = [off for i, off in zip(ids, offsets, strict=True) if i in special]
 
 
+def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, non-overlapping character ranges covering `spans`."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _extra_spans(tokenizer: Tokenizer, conv: Conversation, text: str) -> list[tuple[int, int]]:
+    """Where the strings of turn extras (earlier tool calls' names and arguments) that spell a special token are
+    rendered: the difference between `text` and a rendering with that one string emptied."""
+    spans: list[tuple[int, int]] = []
+    for i, turn in enumerate(conv.turns):
+        for path, value in _string_leaves(turn.extra or {}, ()):
+            if not tokenizer.spells_special(value):
+                continue
+            extra = _replaced(turn.extra or {}, path, "")
+            assert isinstance(extra, dict)
+            emptied = Turn(turn.role, turn.label, turn.pieces, extra)
+            other = render(tokenizer, dataclasses.replace(conv, turns=[*conv.turns[:i], emptied,
+                                                                         *conv.turns[i + 1:]]))
+            head = _common_prefix(text, other)
+            tail = min(_common_prefix(text[::-1], other[::-1]), len(text) - head, len(other) - head)
+            spans.append((head, len(text) - tail))
+    return spans
+
+
+def _string_leaves(value: object, path: tuple[object, ...]) -> Iterator[tuple[tuple[object, ...], str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _string_leaves(v, (*path, k))
+    elif isinstance(value, list):
+        for k, v in enumerate(value):
+            yield from _string_leaves(v, (*path, k))
+
+
+def _replaced(value: object, path: tuple[object, ...], new: str) -> object:
+    """A copy of `value` with the leaf at `path` set to `new`."""
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {k: _replaced(v, rest, new) if k == head else v for k, v in value.items()}
+    assert isinstance(value, list)
+    return [_replaced(v, rest, new) if k == head else v for k, v in enumerate(value)]
+
+
 def _contents(conv: Conversation) -> list[str]:
     """Every client-supplied text of the conversation: turn contents and the strings in turn extras."""
     out = [t.text for t in conv.turns]
@@ -225,8 +278,9 @@ def content_spans(tokenizer: Tokenizer, conv: Conversation, text: str) -> list[t
     a unique marker in place of each content and the markers are located (a template that trims content is
     allowed for). 400 if the template rewrites content so that where it lies cannot be known."""
     nonce = secrets.token_hex(8)
-    marked = dataclasses.replace(conv, turns=[Turn(t.role, t.label, [Piece(f"\ue000{nonce}:{i}\ue001")], t.extra)
-                                              for i, t in enumerate(conv.turns)])
+    marked = dataclasses.replace(conv, turns=[  # empty content stays empty: templates test it ("if content")
+        Turn(t.role, t.label, [Piece(f"\ue000{nonce}:{i}\ue001" if t.text else "")], t.extra)
+        for i, t in enumerate(conv.turns)])
     parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", render(tokenizer, marked))
     for strip in (False, True):
         contents = [t.text.strip() if strip else t.text for t in conv.turns]

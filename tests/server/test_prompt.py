@@ -239,3 +239,17 @@ def test_tool_definitions_rendered_by_the_template_are_plain_text(qwen_tok: Toke
     assert specials_in(prompt, qwen_tok) == specials_in(reference, qwen_tok)
     assert len(specials_in(build_prompt(qwen_tok, conv(INJECTION), allow_special_in_content=True), qwen_tok)) > len(
         specials_in(reference, qwen_tok))
+
+
+def test_earlier_tool_calls_are_plain_text(qwen_tok: Tokenizer) -> None:
+    def conv(name: str, query: str) -> Conversation:
+        call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": {"q": query}}}
+        return Conversation([Turn("user", "messages[0]", [Piece("look it up")]),
+                             Turn("assistant", "messages[1]", [Piece("")], {"tool_calls": [call]}),
+                             Turn("user", "messages[2]", [Piece("thanks")])])
+
+    reference = build_prompt(qwen_tok, conv("lookup", "x"))
+    for name, query in (("lookup", INJECTION), (f"lookup{INJECTION}", "x"), (INJECTION, INJECTION)):
+        prompt = build_prompt(qwen_tok, conv(name, query))
+        assert "<tool_call>" in prompt.text and specials_in(prompt, qwen_tok) == specials_in(reference, qwen_tok)
+        assert qwen_tok.decode(prompt.ids, skip_special=False) == prompt.text
