@@ -11,3 +11,7 @@ class ModelLoadError(HafizaError):
 
 class RequestError(HafizaError):
     """A request that can never be served as given (too long, bad sampling parameters, ...)."""
+
+
+class ConfigError(HafizaError, ValueError):
+    """An engine, store or server setting that cannot be read or cannot work (a bad size, a budget too small)."""

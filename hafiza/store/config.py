@@ -1,7 +1,7 @@
 """CLI-facing parsing: sizes, `--store-disk DIR[:SIZE]`, `--store-redis URL`, and the tier stack they build.
 
-Sizes: a plain byte count ("1048576", "1048576B"); K, M, G, T alone or with "iB" are powers of 1024
-("512M", "2GiB"); KB, MB, GB, TB are powers of 1000. Units are case-insensitive; fractions round down.
+Sizes are read by `hafiza.sizes.parse_size`: Ki/Mi/Gi/Ti (or KiB…) are powers of 1024, K/M/G/T (or KB…) powers
+of 1000, a bare number is bytes.
 
 Redis URLs: `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS) or `unix:///path.sock` for one server;
 `redis+cluster://host:port` (or `rediss+cluster://`, or any of the above with `?cluster=1`) for a Redis
@@ -11,11 +11,11 @@ Cluster, given one startup node. Extra query parameters: `prefix=` (key prefix, 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from hafiza.errors import HafizaError
+from hafiza.errors import ConfigError
+from hafiza.sizes import SIZE_RE, parse_size
 from hafiza.store.base import KVStore
 from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
@@ -23,28 +23,10 @@ from hafiza.store.redis_store import DEFAULT_TTL_S, RedisStore
 from hafiza.store.tiered import TieredStore
 
 DEFAULT_DISK_BYTES = 10 * 1024**3
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(?:([kmgt])(i?b|i)?|(b))?\s*", re.IGNORECASE)
-_POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
 
 
-class StoreConfigError(HafizaError, ValueError):
+class StoreConfigError(ConfigError):
     """A store option that cannot be understood (bad size, bad URL)."""
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from "2GiB", "512M", "1.5G", "100MB" or a plain count; see the module docstring."""
-    if isinstance(text, int):
-        if text < 0:
-            raise StoreConfigError(f"size {text} must be >= 0")
-        return text
-    m = _SIZE_RE.fullmatch(text)
-    if not m:
-        raise StoreConfigError(f"cannot read size {text!r}: use bytes or a unit such as 512M, 2GiB, 100MB")
-    number, unit, suffix = float(m.group(1)), m.group(2), m.group(3)
-    if unit is None:
-        return int(number)
-    base = 1000 if suffix is not None and suffix.lower() == "b" else 1024
-    return int(number * base ** _POWER[unit.lower()])
 
 
 @dataclass(frozen=True)
@@ -59,7 +41,7 @@ def parse_disk_spec(spec: str) -> DiskSpec:
     """Split off a trailing `:SIZE` when it reads as a size (so paths with colons still work)."""
     path, size = spec, DEFAULT_DISK_BYTES
     head, sep, tail = spec.rpartition(":")
-    if sep and _SIZE_RE.fullmatch(tail):
+    if sep and SIZE_RE.fullmatch(tail):
         path, size = head, parse_size(tail)
     if not path:
         raise StoreConfigError(f"--store-disk {spec!r}: missing directory")

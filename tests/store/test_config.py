@@ -6,48 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from hafiza.errors import HafizaError
 from hafiza.store.config import (
     DEFAULT_DISK_BYTES,
     StoreConfigError,
     build_tiers,
     parse_disk_spec,
     parse_redis_url,
-    parse_size,
 )
 from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
 from hafiza.store.redis_store import RedisStore
 from tests.support.redis_server import RedisClusterServers, RedisServer
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("0", 0),
-        ("1048576", 1 << 20),
-        ("100B", 100),
-        ("512M", 512 << 20),
-        ("512m", 512 << 20),
-        ("2GiB", 2 << 30),
-        ("2Gi", 2 << 30),
-        ("1.5G", 3 << 29),
-        ("64KiB", 64 << 10),
-        ("100MB", 100_000_000),
-        ("1TB", 10**12),
-        (" 8 K ", 8192),
-        (4096, 4096),
-    ],
-)
-def test_parse_size(text: str | int, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "abc", "-1", "2 XB", "1e9", "G", "5GiBs", -5])
-def test_parse_size_rejects_garbage(text: str | int) -> None:
-    with pytest.raises(StoreConfigError) as e:
-        parse_size(text)
-    assert isinstance(e.value, HafizaError)
 
 
 def test_parse_disk_spec() -> None:
@@ -86,7 +55,7 @@ def test_parse_redis_url_rejects(url: str) -> None:
 def test_build_tiers_orders_ram_disk_redis(
     tmp_path: Path, redis_server: RedisServer, redis_cluster: RedisClusterServers
 ) -> None:
-    ts = build_tiers("1MiB", f"{tmp_path}:2M", f"{redis_server.url}?prefix=cfg-test:&ttl=60")
+    ts = build_tiers("1MiB", f"{tmp_path}:2Mi", f"{redis_server.url}?prefix=cfg-test:&ttl=60")
     ram, disk, rds = ts.tiers
     assert isinstance(ram, MemoryStore) and ram.capacity_bytes == 1 << 20
     assert isinstance(disk, DiskStore) and disk.root == tmp_path and disk.capacity_bytes == 2 << 20
