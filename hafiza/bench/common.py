@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +42,6 @@ def write_json(data: dict[str, Any], path: str | Path | None, default_name: str)
     payload = {"machine": machine(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), **data}
     out.write_text(json.dumps(payload, indent=2))
     return out
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """Median wall time of `repeats` calls, and the last result."""
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
 
 
 def wait_http(proc: subprocess.Popen, url: str, name: str, timeout_s: float = 600) -> None:

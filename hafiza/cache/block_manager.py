@@ -73,7 +73,6 @@ class BlockManager:
         self.prefix_cache_hits = 0
         self.evictions = 0
         self.pinned_evictions = 0
-        self.on_evict: list[Callable[[Block], None]] = []
 
     @property
     def num_blocks(self) -> int:
@@ -132,8 +131,6 @@ class BlockManager:
         return out
 
     def _evict(self, block: Block) -> None:
-        for callback in self.on_evict:
-            callback(block)
         if self.hash_to_block.get(block.hash or "") == block.block_id:
             del self.hash_to_block[block.hash]  # type: ignore[arg-type]
         block.hash, block.token_ids, block.pin_expiry, block.pin_ttl = None, (), 0.0, 0.0

@@ -107,10 +107,6 @@ class ModelConfig:
             cfg["sliding_window"] = self.sliding_window
         return cfg
 
-    def kv_bytes_per_token(self, dtype_bytes: float) -> float:
-        """Bytes of K plus V one token occupies across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
     def fingerprint(self) -> str:
         """A stable hex digest of the architecture, part of every prefix-cache key."""
         blob = json.dumps(asdict(self), sort_keys=True, default=str).encode()
