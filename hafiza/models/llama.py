@@ -12,6 +12,8 @@ from hafiza.models.linear import DenseLinear
 from hafiza.models.rope import RotaryEmbedding, apply_rope
 from hafiza.models.weights import LayerWeights as LayerWeights  # re-exported: the codec reads layers
 from hafiza.models.weights import ModelWeights, Source, build_model_weights, tensor_source
+from hafiza.threads import adapt as adapt_threads
+from hafiza.threads import decode_parts
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -30,10 +32,10 @@ def cpu_fp32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     """x @ w.T for fp32 on the CPU, row-invariant: row i of the output depends only on row i of x, bit for bit,
     whatever the row count (tests/models/test_linear_invariance.py), so a token's values do not depend on its
     batch-mates. Rows are padded with zeros to a multiple of ROW_TILE. The weight's output rows are split into
-    one slice per torch thread run as one batched matmul: for a decode, MKL runs F.linear's
+    decode_parts() slices (fixed for the process) run as one batched matmul: for a decode, MKL runs F.linear's
     matrix-vector form on one thread only, and the slices stream the weight up to 1.6x faster (docs/ENGINE.md)."""
     rows, (out_features, in_features) = x.shape[0], w.shape
-    parts = torch.get_num_threads()
+    parts = decode_parts()
     if parts < 1 or out_features % parts:
         parts = 1
     padded = max(ROW_TILE, -(-rows // ROW_TILE) * ROW_TILE)
@@ -76,6 +78,8 @@ class LlamaModel:
                 kv: PagedKV) -> torch.Tensor:
         """Run all layers on a flat batch of T tokens; returns final-normed hidden states [T, hidden]."""
         c = self.config
+        if self.device.type == "cpu":
+            adapt_threads()  # the cores other processes left free (hafiza/threads.py)
         x = self.embed(input_ids)
         cos, sin = self.rope.cos_sin(positions, int(positions.max()) if positions.numel() else 0)
         t = x.shape[0]
