@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hafiza.cache.memory import kv_bytes_per_token
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -20,7 +22,8 @@ class KVLayout:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+        bits = torch.finfo(self.dtype).bits
+        return int(kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim * bits / 8))
 
     @property
     def bytes_per_block(self) -> int:

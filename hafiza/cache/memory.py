@@ -10,6 +10,12 @@ from hafiza.errors import ConfigError
 from hafiza.sizes import parse_size
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, bytes_per_head: float) -> float:
+    """Bytes one token's K and V take over all layers, given the bytes one head of K (or of V) takes:
+    `head_dim * bits / 8` at full precision, plus any per-token share of scales for a quantised kind."""
+    return float(2 * num_layers * num_kv_heads * bytes_per_head)
+
+
 def free_device_memory(device: torch.device) -> int:
     """Free bytes on the device: CUDA's own count, or MemAvailable from /proc/meminfo on the CPU."""
     if device.type == "cuda":

@@ -33,6 +33,7 @@ def memory(
     head_dim: Annotated[int | None, typer.Option(help="Head dimension (for a model not on disk).")] = None,
 ) -> None:
     """Print the exact KV-cache size of a model at a context length."""
+    from hafiza.cache.memory import kv_bytes_per_token
     from hafiza.errors import HafizaError
 
     if dtype not in DTYPE_BYTES:
@@ -46,8 +47,8 @@ def memory(
         layers, kv_heads, head_dim = layers or cfg.num_layers, kv_heads or cfg.num_kv_heads, head_dim or cfg.head_dim
         heads = heads or cfg.num_heads
     heads = heads or kv_heads
-    per_token = 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
-    mha_token = 2 * layers * heads * head_dim * DTYPE_BYTES[dtype]
+    per_token = kv_bytes_per_token(layers, kv_heads, head_dim * DTYPE_BYTES[dtype])
+    mha_token = kv_bytes_per_token(layers, heads, head_dim * DTYPE_BYTES[dtype])
     table = Table(title=f"KV cache of {name}: {layers} layers, {kv_heads} KV heads x {head_dim}, {dtype}")
     for col in ("", "per token", f"{context:,} tokens x {batch}"):
         table.add_column(col, justify="right")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.memory import kv_bytes_per_token
 from hafiza.quant.codes import FP8, FP8_MAX, fp8_decode, fp8_encode, pow2_scale
 from hafiza.quant.pool import QuantizedPool
 
@@ -30,7 +31,7 @@ class Fp8KV(QuantizedPool):
 
     @classmethod
     def payload_bytes_per_token(cls, layout: KVLayout, **options: object) -> float:
-        return 2 * layout.num_layers * layout.num_kv_heads * (layout.head_dim + 4 / layout.block_size)
+        return kv_bytes_per_token(layout.num_layers, layout.num_kv_heads, layout.head_dim + 4 / layout.block_size)
 
     def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         blocks = torch.div(slots, self.block_size, rounding_mode="floor")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.memory import kv_bytes_per_token
 from hafiza.quant.codes import (
     int4_keys_dequantize,
     int4_keys_quantize,
@@ -67,15 +68,15 @@ class Int4KV(QuantizedPool):
     def payload_bytes_per_token(cls, layout: KVLayout, value_group: int = 32, **options: object) -> float:
         d, bs = layout.head_dim, layout.block_size
         group = value_group if d % value_group == 0 else d
-        per_head = (d / 2 + 4 * d / bs) + (d / 2 + 4 * d / group)
-        return layout.num_layers * layout.num_kv_heads * per_head
+        k_head, v_head = d / 2 + 4 * d / bs, d / 2 + 4 * d / group
+        return kv_bytes_per_token(layout.num_layers, layout.num_kv_heads, (k_head + v_head) / 2)
 
     @classmethod
     def staging_bytes(cls, layout: KVLayout, window_blocks: int = 2, max_seqs: int = 1) -> int:
         """Fixed bytes of the full-precision staging area (not per token)."""
         item = torch.finfo(window_dtype_for(layout)).bits // 8
         tokens = max_seqs * (window_blocks + 1) * layout.block_size
-        return 2 * layout.num_layers * tokens * layout.num_kv_heads * layout.head_dim * item
+        return int(tokens * kv_bytes_per_token(layout.num_layers, layout.num_kv_heads, layout.head_dim * item))
 
     @property
     def bytes_per_token(self) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.memory import kv_bytes_per_token
 from hafiza.quant.codes import int8_dequantize, int8_quantize
 from hafiza.quant.pool import QuantizedPool
 
@@ -22,7 +23,7 @@ class Int8KV(QuantizedPool):
 
     @classmethod
     def payload_bytes_per_token(cls, layout: KVLayout, **options: object) -> float:
-        return float(2 * layout.num_layers * layout.num_kv_heads * (layout.head_dim + 2))
+        return kv_bytes_per_token(layout.num_layers, layout.num_kv_heads, layout.head_dim + 2)
 
     def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         h, d = self.layout.num_kv_heads, self.layout.head_dim

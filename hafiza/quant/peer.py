@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from hafiza.cache.memory import kv_bytes_per_token
 from hafiza.quant.evaluate import TextRun, next_token_nll
 
 
@@ -70,4 +71,4 @@ def run_peer(hf_model: Any, ids: list[int], peer: PeerCache, chunk: int = 64, ge
 
 def peer_bytes_per_token(peer: PeerCache, num_layers: int, num_kv_heads: int, head_dim: int) -> float:
     """Stored bytes per token implied by the peer's bits per value (residual window not counted)."""
-    return 2 * num_layers * num_kv_heads * head_dim * peer.bits_per_value / 8
+    return kv_bytes_per_token(num_layers, num_kv_heads, head_dim * peer.bits_per_value / 8)
