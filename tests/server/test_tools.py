@@ -150,6 +150,8 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     (LLAMA3, '{"answer": 4}', '{"answer": 4}', []),
     (LLAMA3, "It is 4.", "It is 4.", []),
     (GENERIC, f"<tool_call>{CALL}</tool_call>", "", [("get_weather", {"city": "Paris"})]),
+    (HERMES, f"```json\n{CALL}\n```", "", [("get_weather", {"city": "Paris"})]),
+    (HERMES, 'Here:\n```json\n{"answer": 4}\n```', 'Here:\n```json\n{"answer": 4}\n```', []),
 ])
 def test_calls_are_parsed_whole_and_streamed(fmt, reply: str, text: str, calls: list) -> None:
     got_text, got_calls = split_reply(reply, fmt, NAMES)

@@ -1,10 +1,10 @@
 """Parse tool calls out of the model's reply as it streams: text passes through, each call comes out whole.
 
-Two shapes are recognised (see formats.py): calls wrapped in `<tool_call>…</tool_call>` anywhere in the reply
-(Hermes, generic), and a reply that is one JSON call or several separated by `;` (Llama 3, after an optional
-`<|python_tag|>`). A call is kept only if it is a JSON object naming one of the request's tools with an object of
-arguments; anything else stays text, so a malformed call is never reported as one.
-"""
+Two shapes are recognised (see formats.py): calls wrapped in `<tool_call>…</tool_call>` (or in a ```json fence,
+as Qwen2.5-Coder writes them; llama.cpp accepts that too) anywhere in the reply (Hermes, generic), and a reply
+that is one JSON call or several separated by `;` (Llama 3, after an optional `<|python_tag|>`). A call is kept
+only if it is a JSON object naming one of the request's tools with an object of arguments; anything else stays
+text, so a malformed call (or a fenced JSON that is no call) is never reported as one."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from hafiza.server.tools.formats import ToolFormat
 from hafiza.server.tools.spec import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FENCES = ((OPEN, CLOSE), ("```json", "```"))
 PYTHON_TAG = "<|python_tag|>"
 
 
@@ -88,6 +89,7 @@ class ToolCallParser:
         self.json_first = fmt.family in ("llama3", "native")
         self._buf = ""
         self._in_call = forced and bool(fmt.call_prefix)
+        self._fence = FENCES[0]
         self._mode = "json" if forced and not fmt.call_prefix else ("undecided" if self.json_first else "text")
         self.calls: list[ToolCall] = []
 
@@ -120,29 +122,32 @@ class ToolCallParser:
             return out
         while True:
             if self._in_call:
-                end = self._buf.find(CLOSE)
+                opener, closer = self._fence
+                end = self._buf.find(closer)
                 if end < 0 and not final:
                     return out
                 inner = self._buf if end < 0 else self._buf[:end]
-                rest = "" if end < 0 else self._buf[end + len(CLOSE):]
+                rest = "" if end < 0 else self._buf[end + len(closer):]
                 call = parse_call(inner.strip(), self.names)
                 if call is not None:
                     self.calls.append(call)
                     out.append(CallPart(call))
                 else:
-                    raw = ("" if self.forced and not self.calls else OPEN) + inner + ("" if end < 0 else CLOSE)
+                    raw = ("" if self.forced and not self.calls else opener) + inner + ("" if end < 0 else closer)
                     out.append(TextPart(raw))
                 self._in_call, self._buf = False, rest
                 if end < 0:
                     return out
                 continue
-            start = self._buf.find(OPEN) if self.tagged else -1
-            if start >= 0:
+            hits = [(self._buf.find(o), (o, c)) for o, c in FENCES] if self.tagged else []
+            hits = [h for h in hits if h[0] >= 0]
+            if hits:
+                start, self._fence = min(hits, key=lambda h: h[0])
                 if start:
                     out.append(TextPart(self._buf[:start]))
-                self._buf, self._in_call = self._buf[start + len(OPEN):], True
+                self._buf, self._in_call = self._buf[start + len(self._fence[0]):], True
                 continue
-            keep = 0 if final or not self.tagged else _partial_suffix(self._buf, OPEN)
+            keep = 0 if final or not self.tagged else max(_partial_suffix(self._buf, o) for o, _ in FENCES)
             text = self._buf[: len(self._buf) - keep]
             if text:
                 out.append(TextPart(text))
