@@ -29,8 +29,8 @@ _SIZE = struct.Struct("<I")
 
 def _params() -> zstandard.ZstdCompressionParameters:
     """zstd's fast strategy with a 64-entry hash table and 7-byte minimum matches: almost only Huffman-coded
-    literals in 128 KiB blocks. zstd's own levels spend bits on short matches in an exponent plane (level 3:
-    3.28 bits/byte where this gets 2.63); level 19 gets 2.61 at 1/20 of the encode speed."""
+    literals in 128 KiB blocks. zstd's own fast levels spend bits on short matches in an exponent plane;
+    level 19 is about as small but encodes far slower (see docs/CODEC.md)."""
     return zstandard.ZstdCompressionParameters(
         strategy=zstandard.STRATEGY_FAST, window_log=17, hash_log=6, min_match=7, target_length=0
     )
