@@ -14,4 +14,11 @@ class RequestError(HafizaError):
 
 
 class ConfigError(HafizaError, ValueError):
-    """An engine, store or server setting that cannot be read or cannot work (a bad size, a budget too small)."""
+    """An engine, store or server setting that cannot be read or cannot work (a bad size, a budget too small).
+
+    `setting` names the configuration field at fault (an EngineConfig field such as "kv_memory"), so a front end
+    can say which of its own options to change; the message itself names no command-line flag."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting

@@ -1,7 +1,8 @@
 """The `hafiza` command: serve | generate | bench | codec | memory | top.
 
 Each sub-command lives in its own module and registers itself on `app` (or on `bench_app` for benchmarks).
-User errors (HafizaError) end in one clear line and exit status 2, never a traceback.
+User errors (HafizaError) end in one clear line and exit status 2, never a traceback; a configuration error
+also names the option that sets the field at fault (library messages name no flag).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 
 import typer
 
-from hafiza.errors import HafizaError
+from hafiza.errors import ConfigError, HafizaError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="hafiza: an LLM engine built around its KV cache")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: print a table, write JSON under bench/results/.")
@@ -28,13 +29,23 @@ def _register() -> None:
                 raise
 
 
+SETTING_FLAGS = {"kv_memory": "--kv-memory", "kv_dtype": "--kv-dtype", "kv_budget_tokens": "--kv-budget-tokens",
+                 "eviction": "--eviction", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size"}
+
+
+def error_line(exc: HafizaError) -> str:
+    """The one line printed for a user error: prefixed with the option to change when one is at fault."""
+    flag = SETTING_FLAGS.get(exc.setting or "") if isinstance(exc, ConfigError) else None
+    return f"{flag}: {exc}" if flag else str(exc)
+
+
 def main() -> None:
     """Entry point: run the typer app, turning user errors into one line on stderr."""
     _register()
     try:
         app(standalone_mode=False)
     except HafizaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)

@@ -21,7 +21,7 @@ from hafiza.engine.runner import ModelRunner
 from hafiza.engine.sampling import SamplingParams, apply_penalties, sample
 from hafiza.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hafiza.engine.sequence import CachePin, Sequence, Status
-from hafiza.errors import RequestError
+from hafiza.errors import ConfigError, RequestError
 from hafiza.models.loader import LoadedModel
 from hafiza.quant.eviction import AttentionScores, make_policy
 from hafiza.quant.factory import (
@@ -164,14 +164,16 @@ class LLMEngine:
         if num_blocks < 1:
             staging = fixed_bytes(self.kv_kind, probe, max_seqs=cfg.max_num_seqs)
             extra = f" after {self.kv_kind}'s full-precision window of {staging} bytes" if staging else ""
-            raise RequestError(f"--kv-memory {cfg.kv_memory} ({budget} bytes) holds no KV block of "
-                               f"{self.bytes_per_block} bytes{extra}; raise --kv-memory or lower --max-num-seqs")
+            raise ConfigError(f"KV memory {cfg.kv_memory} ({budget} bytes) holds no KV block of "
+                              f"{self.bytes_per_block} bytes{extra}; give the pool more memory"
+                              f"{' or allow fewer sequences' if staging else ''}", setting="kv_memory")
         self.layout = with_blocks(probe, num_blocks)
         self.kv = make_kv_cache(self.kv_kind, self.layout, model.device, max_seqs=cfg.max_num_seqs)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.eviction = make_policy(cfg.eviction, cfg.sink_tokens) if cfg.eviction else None
         if self.eviction is not None and not cfg.kv_budget_tokens:
-            raise RequestError("--eviction needs --kv-budget-tokens (the most KV tokens one sequence may keep)")
+            raise ConfigError(f"{cfg.eviction} eviction needs a KV token budget (the most KV tokens one sequence "
+                              f"may keep)", setting="kv_budget_tokens")
         budget_blocks = cfg.kv_budget_tokens // cfg.block_size if cfg.kv_budget_tokens else None
         needs_scores = self.eviction is not None and self.eviction.needs_scores
         self.scores = AttentionScores(num_blocks, model.device) if needs_scores else None
@@ -236,7 +238,7 @@ class LLMEngine:
             raise RequestError(
                 f"prompt of {n} tokens + max_tokens {params.max_tokens} needs "
                 f"{-(-(n + params.max_tokens) // self.layout.block_size)} KV blocks but the pool has "
-                f"{self.layout.num_blocks} ({self.capacity_tokens} tokens); raise --kv-memory"
+                f"{self.layout.num_blocks} ({self.capacity_tokens} tokens)"
             )
         bs = self.layout.block_size
         shared_blocks = n // bs
@@ -244,7 +246,7 @@ class LLMEngine:
         if params.n > 1 and group_blocks > self.layout.num_blocks:
             raise RequestError(
                 f"n={params.n} choices of a {n}-token prompt with max_tokens {params.max_tokens} need "
-                f"{group_blocks} KV blocks but the pool has {self.layout.num_blocks}; lower n or raise --kv-memory"
+                f"{group_blocks} KV blocks but the pool has {self.layout.num_blocks}; lower n or max_tokens"
             )
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from hafiza.cache.block_manager import BlockManager
 from hafiza.engine.connector import KVConnector
 from hafiza.engine.sequence import Sequence, Status
+from hafiza.quant.errors import EvictionError
 from hafiza.quant.eviction import AttentionScores, EvictionPolicy
 
 
@@ -54,7 +55,11 @@ class Scheduler:
         if eviction is not None and budget_blocks is not None:
             sinks = -(-getattr(eviction, "sink_tokens", 0) // blocks.block_size)
             if budget_blocks < sinks + 3:
-                raise ValueError(f"an eviction budget of {budget_blocks} blocks leaves no room past {sinks} sinks")
+                bs = blocks.block_size
+                raise EvictionError(
+                    f"a KV token budget of {budget_blocks} blocks ({budget_blocks * bs} tokens) is too small: "
+                    f"{eviction.name} eviction keeps {sinks} sink blocks and needs at least {sinks + 3} blocks "
+                    f"({(sinks + 3) * bs} tokens)", setting="kv_budget_tokens")
             self.max_chunk = min(self.max_chunk, (budget_blocks - sinks - 2) * blocks.block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []

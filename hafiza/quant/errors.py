@@ -1,11 +1,15 @@
 """Errors of the lossy KV formats: bad values reaching a pool, unknown kinds."""
 
-from hafiza.errors import HafizaError
+from hafiza.errors import ConfigError, HafizaError
 
 
 class NonFiniteKVError(HafizaError):
     """A K or V written to a quantised pool holds inf or NaN: it cannot be scaled, so it is refused."""
 
 
-class KVKindError(HafizaError):
-    """An unknown --kv-dtype, or a pool option that does not fit the layout."""
+class KVKindError(ConfigError):
+    """An unknown KV storage kind, or a pool option that does not fit the layout."""
+
+
+class EvictionError(ConfigError):
+    """An unknown eviction policy, or a KV token budget too small for the policy to keep anything useful."""

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from hafiza.quant.errors import KVKindError
+from hafiza.quant.errors import EvictionError
 
 
 class EvictionPolicy(Protocol):
@@ -33,7 +33,8 @@ def _sink_blocks(sink_tokens: int, block_size: int) -> int:
 
 def _check_budget(budget_blocks: int, floor: int, name: str) -> None:
     if budget_blocks < floor:
-        raise KVKindError(f"{name} eviction needs a budget of at least {floor} blocks, got {budget_blocks}")
+        raise EvictionError(f"{name} eviction needs a budget of at least {floor} blocks, got {budget_blocks}",
+                            setting="kv_budget_tokens")
 
 
 @dataclass
@@ -70,7 +71,8 @@ class HeavyHitters:
         if num_blocks <= budget_blocks:
             return list(range(num_blocks))
         if scores is None or len(scores) != num_blocks:
-            raise KVKindError(f"{self.name} eviction needs one score per block ({num_blocks})")
+            raise EvictionError(f"{self.name} eviction needs one score per block ({num_blocks}), "
+                                f"got {None if scores is None else len(scores)}")
         sinks = _sink_blocks(self.sink_tokens, block_size)
         _check_budget(budget_blocks, sinks + 1, self.name)
         recent = max(1, min(budget_blocks - sinks, round(budget_blocks * self.recent_fraction)))
@@ -118,5 +120,5 @@ POLICIES = {"streaming": StreamingLLM, "h2o": HeavyHitters}
 def make_policy(name: str, sink_tokens: int = 4) -> EvictionPolicy:
     """An eviction policy by name: streaming | h2o."""
     if name not in POLICIES:
-        raise KVKindError(f"unknown eviction policy {name!r}: use one of {', '.join(POLICIES)}")
+        raise EvictionError(f"unknown eviction policy {name!r}: use one of {', '.join(POLICIES)}", setting="eviction")
     return POLICIES[name](sink_tokens=sink_tokens)

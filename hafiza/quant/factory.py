@@ -20,7 +20,7 @@ KV_KINDS = ("bf16", "fp16", "fp32", "fp8", "int8", "int4")
 
 def _check_kind(kind: str) -> None:
     if kind not in KV_KINDS:
-        raise KVKindError(f"unknown KV cache kind {kind!r}: use one of {', '.join(KV_KINDS)}")
+        raise KVKindError(f"unknown KV cache kind {kind!r}: use one of {', '.join(KV_KINDS)}", setting="kv_dtype")
 
 
 def make_kv_cache(kind: str, layout: KVLayout, device: torch.device | str, *, max_seqs: int = 1,

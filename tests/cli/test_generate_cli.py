@@ -59,6 +59,15 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     assert_clean_error(hafiza("generate", "x", "--model", str(tmp_path)), "unsupported architecture", "GPT2LMHeadModel")
 
 
+def test_eviction_without_budget_names_the_flag() -> None:
+    assert_clean_error(hafiza("generate", "hi", "--eviction", "streaming"), "--kv-budget-tokens:", "token budget")
+
+
+def test_too_small_budget_is_one_line_naming_the_flag() -> None:
+    assert_clean_error(hafiza("generate", "hi", "--eviction", "streaming", "--kv-budget-tokens", "16"),
+                       "--kv-budget-tokens:", "is too small", "at least")
+
+
 def test_context_over_model_limit() -> None:
     assert_clean_error(hafiza("generate", "hello", "--max-tokens", "9000"), "exceeds the model's context of 8192")
 

@@ -6,7 +6,7 @@ import pytest
 
 from hafiza.cache.hashing import chain_hashes
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
-from hafiza.errors import RequestError
+from hafiza.errors import ConfigError
 from hafiza.models import LoadedModel
 from hafiza.quant.pool import QuantizedPool
 
@@ -65,5 +65,18 @@ def test_evicted_sequences_are_not_offered_as_prefixes(tiny_llama: LoadedModel) 
 
 
 def test_eviction_needs_a_budget(tiny_llama: LoadedModel) -> None:
-    with pytest.raises(RequestError, match="kv-budget-tokens"):
+    with pytest.raises(ConfigError, match="needs a KV token budget") as e:
         LLMEngine(tiny_llama, EngineConfig(kv_memory="8MiB", eviction="streaming"))
+    assert e.value.setting == "kv_budget_tokens" and "--" not in str(e.value)
+
+
+def test_a_too_small_budget_is_a_config_error_with_its_numbers(tiny_llama: LoadedModel) -> None:
+    with pytest.raises(ConfigError, match=r"budget of 1 blocks \(4 tokens\) is too small") as e:
+        LLMEngine(tiny_llama, EngineConfig(kv_memory="8MiB", block_size=4, eviction="streaming", kv_budget_tokens=4))
+    assert e.value.setting == "kv_budget_tokens" and "--" not in str(e.value)
+
+
+def test_a_pool_with_no_block_is_a_config_error(tiny_llama: LoadedModel) -> None:
+    with pytest.raises(ConfigError, match="KV memory 16 \\(16 bytes\\) holds no KV block") as e:
+        LLMEngine(tiny_llama, EngineConfig(kv_memory=16))
+    assert e.value.setting == "kv_memory" and "--" not in str(e.value)
