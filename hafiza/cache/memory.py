@@ -37,9 +37,12 @@ def kv_memory_bytes(spec: str | int | float, device: torch.device) -> int:
     if isinstance(spec, float) or (isinstance(spec, str) and re.fullmatch(r"0?\.\d+|1(\.0*)?", spec.strip())):
         frac = float(spec)
         if not 0 < frac <= 1:
-            raise ConfigError(f"KV memory fraction must be in (0, 1], got {frac}")
+            raise ConfigError(f"KV memory fraction must be in (0, 1], got {frac}", setting="kv_memory")
         return int(free_device_memory(device) * frac)
     if spec == "auto":
         free = free_device_memory(device)
         return int(free * 0.9) if device.type == "cuda" else min(2**30, free // 4)
-    return parse_size(spec)
+    try:
+        return parse_size(spec)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), setting="kv_memory") from None

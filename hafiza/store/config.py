@@ -44,7 +44,7 @@ def parse_disk_spec(spec: str) -> DiskSpec:
     if sep and SIZE_RE.fullmatch(tail):
         path, size = head, parse_size(tail)
     if not path:
-        raise StoreConfigError(f"--store-disk {spec!r}: missing directory")
+        raise StoreConfigError(f"disk tier {spec!r}: missing directory", setting="store_disk")
     return DiskSpec(path, size)
 
 
@@ -65,7 +65,8 @@ def parse_redis_url(url: str) -> RedisSpec:
     cluster = scheme.endswith("+cluster")
     scheme = scheme.removesuffix("+cluster")
     if scheme not in ("redis", "rediss", "unix"):
-        raise StoreConfigError(f"--store-redis {url!r}: scheme must be redis://, rediss:// or unix://")
+        raise StoreConfigError(f"Redis URL {url!r}: scheme must be redis://, rediss:// or unix://",
+                               setting="store_redis")
     query, prefix, ttl_s = [], "hafiza:", DEFAULT_TTL_S
     for k, v in parse_qsl(parts.query, keep_blank_values=True):
         if k == "cluster":
@@ -76,16 +77,16 @@ def parse_redis_url(url: str) -> RedisSpec:
             try:
                 ttl_s = None if v.lower() in ("0", "none", "") else float(v)
             except ValueError:
-                msg = f"--store-redis {url!r}: ttl={v!r} is not a number of seconds"
-                raise StoreConfigError(msg) from None
+                msg = f"Redis URL {url!r}: ttl={v!r} is not a number of seconds"
+                raise StoreConfigError(msg, setting="store_redis") from None
             if ttl_s is not None and ttl_s < 0:
-                raise StoreConfigError(f"--store-redis {url!r}: ttl must be >= 0")
+                raise StoreConfigError(f"Redis URL {url!r}: ttl must be >= 0", setting="store_redis")
         else:
             query.append((k, v))
     if cluster and scheme == "unix":
-        raise StoreConfigError(f"--store-redis {url!r}: a cluster needs a host:port startup node")
+        raise StoreConfigError(f"Redis URL {url!r}: a cluster needs a host:port startup node", setting="store_redis")
     if scheme != "unix" and not parts.hostname:
-        raise StoreConfigError(f"--store-redis {url!r}: missing host")
+        raise StoreConfigError(f"Redis URL {url!r}: missing host", setting="store_redis")
     rest = urlencode(query)
     clean = f"{scheme}://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
     return RedisSpec(clean, cluster, prefix, ttl_s)

@@ -36,4 +36,4 @@ def test_kv_memory_reads_sizes_fractions_and_auto() -> None:
 def test_kv_memory_rejects_bad_settings_without_naming_a_flag(spec: str | float) -> None:
     with pytest.raises(ConfigError) as e:
         kv_memory_bytes(spec, torch.device("cpu"))
-    assert "--" not in str(e.value) and str(spec) in str(e.value)
+    assert "--" not in str(e.value) and str(spec) in str(e.value) and e.value.setting == "kv_memory"
