@@ -42,8 +42,9 @@ ANTHROPIC_ERROR: Json = {"type": "object", "required": ["type", "error"], "prope
     "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
                                           "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
 ERROR_STATUSES = {"400": "invalid request", "401": "missing or wrong API key", "403": "forbidden",
-                  "404": "not found", "405": "method not allowed", "413": "request body too large", "415": "body is not JSON",
-                  "429": "too many requests", "500": "internal error", "503": "engine unavailable"}
+                  "404": "not found", "405": "method not allowed", "413": "request body too large",
+                  "415": "body is not JSON", "429": "too many requests", "500": "internal error",
+                  "503": "engine unavailable"}
 
 
 def _schemas(model: type[BaseModel], components: dict[str, Json]) -> Json:
