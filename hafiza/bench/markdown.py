@@ -1,7 +1,7 @@
 """Generated regions of docs/BENCHMARKS.md: `bench all` rewrites only the text between its own markers.
 
-Each benchmark owns a region `<!-- bench:NAME:start -->` … `<!-- bench:NAME:end -->` inside the section of its
-issue (a `## … (issue N)` heading). Prose written by hand around the markers, and every other section, is kept
+Each benchmark owns a region `<!-- bench:NAME:start -->` … `<!-- bench:NAME:end -->` inside its section (the
+`## TITLE` heading). Prose written by hand around the markers, and every other section, is kept
 byte for byte. A region that does not exist yet is added at the end of its section; a section that does not
 exist yet is added at the end of the document.
 """
@@ -16,10 +16,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Region:
-    """Where one generated block goes: its marker name, its section's issue number and a title for a new one."""
+    """Where one generated block goes: its marker name and the title of its `## ` section."""
 
     name: str
-    issue: int
     title: str
 
     @property
@@ -31,9 +30,9 @@ class Region:
         return f"<!-- bench:{self.name}:end -->"
 
 
-def _section_span(doc: str, issue: int) -> tuple[int, int] | None:
-    """(start of the heading line, end of the section) of the first `## … (issue N)` section."""
-    heading = re.compile(rf"^## .*\(issue {issue}\)[^\n]*$", re.M)
+def _section_span(doc: str, title: str) -> tuple[int, int] | None:
+    """(start of the heading line, end of the section) of the first `## TITLE` section."""
+    heading = re.compile(rf"^## {re.escape(title)}[ \t]*$", re.M)
     m = heading.search(doc)
     if m is None:
         return None
@@ -48,10 +47,10 @@ def replace_region(doc: str, region: Region, body: str) -> str:
     j = doc.find(region.end, i + len(region.start)) if i >= 0 else -1
     if i >= 0 and j >= 0:
         return doc[:i] + block + doc[j + len(region.end):]
-    span = _section_span(doc, region.issue)
+    span = _section_span(doc, region.title)
     if span is None:
         sep = "" if doc.endswith("\n\n") or not doc else ("\n" if doc.endswith("\n") else "\n\n")
-        return f"{doc}{sep}## {region.title} (issue {region.issue})\n\n{block}\n"
+        return f"{doc}{sep}## {region.title}\n\n{block}\n"
     _, end = span
     head, tail = doc[:end].rstrip("\n"), doc[end:]
     return f"{head}\n\n{block}\n" + ("\n" + tail if tail else "")

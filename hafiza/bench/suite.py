@@ -47,30 +47,30 @@ class Bench:
         return [*self.command, "--json", str(json_path), *plot, *(self.quick if quick else self.full)]
 
 
-ENGINE = Region("cache", 2, "Engine core: KV cache vs recompute")
+ENGINE = Region("cache", "Engine core: KV cache vs recompute")
 BENCHES: tuple[Bench, ...] = (
     Bench("cache", ("bench", "cache"), (), ("--contexts", "64", "--repeats", "1"), ENGINE),
     Bench("prefix", ("bench", "prefix"), (), ("--system-tokens", "160", "--repeats", "1"),
-          Region("prefix", 3, "Prefix caching, batching and memory")),
+          Region("prefix", "Prefix caching, batching and memory")),
     Bench("batch", ("bench", "batch"), (), ("--streams", "1,2", "--new-tokens", "8"),
-          Region("batch", 3, "Prefix caching, batching and memory")),
+          Region("batch", "Prefix caching, batching and memory")),
     Bench("memory", ("bench", "memory"), (), ("--requests", "6", "--max-len", "256"),
-          Region("memory", 3, "Prefix caching, batching and memory")),
+          Region("memory", "Prefix caching, batching and memory")),
     Bench("serve", ("bench", "serve"), (),
           ("--sessions", "2", "--turns", "1", "--max-tokens", "4", "--system-words", "60"),
-          Region("serve", 4, "Server")),
+          Region("serve", "Server")),
     Bench("codec", ("codec", "bench"), ("--tokens", "1024"),
           ("--tokens", "32", "--coders", "raw,zstd,exponent", "--no-quantized"),
-          Region("codec", 5, "Lossless KV codec"), plot_option=True),
+          Region("codec", "Lossless KV codec"), plot_option=True),
     Bench("tiers", ("bench", "tiers"), ("--tokens", "1024", "--repeats", "3"),
-          ("--tokens", "64", "--repeats", "1", "--codecs", "raw,zstd"), Region("tiers", 6, "Tiered KV store")),
+          ("--tokens", "64", "--repeats", "1", "--codecs", "raw,zstd"), Region("tiers", "Tiered KV store")),
     Bench("quality", ("bench", "quality"), ("--tokens", "1024", "--points", "2", "--gen", "32", "--budget", "256"),
           ("--tokens", "96", "--points", "1", "--gen", "4", "--formats", "bf16,int8", "--policies", "streaming",
-           "--budget", "64", "--no-peer"), Region("quality", 7, "Lossy KV formats and eviction"), plot_option=True),
+           "--budget", "64", "--no-peer"), Region("quality", "Lossy KV formats and eviction"), plot_option=True),
     Bench("llamacpp", ("bench", "llamacpp"), ("--servers", "both"), llamacpp.QUICK_ARGS,
-          Region("llamacpp", 8, "Peers: llama.cpp, and the whole suite")),
+          Region("llamacpp", "The suite and the llama.cpp peer")),
 )
-SUMMARY = Region("summary", 8, "Peers: llama.cpp, and the whole suite")
+SUMMARY = Region("summary", "The suite and the llama.cpp peer")
 FULL_TIMEOUT_S, QUICK_TIMEOUT_S = 1800.0, 600.0
 
 

@@ -93,7 +93,7 @@ def _bars(ax: Any, groups: list[str], series: dict[str, list[float | None]], yla
     ax.legend(fontsize=7)
 
 
-# -- issue 2 -----------------------------------------------------------------------------------------------
+# -- engine core: KV cache vs recompute -------------------------------------------------------------------
 
 
 def render_cache(data: dict[str, Any], ctx: Context) -> str:
@@ -140,7 +140,7 @@ def render_cache(data: dict[str, Any], ctx: Context) -> str:
     return text + ctx.image("bench_cache.png", "decode tokens per second by context and system")
 
 
-# -- issue 3 -----------------------------------------------------------------------------------------------
+# -- prefix caching, batching and memory ------------------------------------------------------------------
 
 
 def render_prefix(data: dict[str, Any], ctx: Context) -> str:
@@ -184,7 +184,7 @@ def render_memory(data: dict[str, Any], ctx: Context) -> str:
                    f"{data['contiguous_waste_pct']:.1f} %", f"{data['memory_saved_pct']:.1f} %"]])
 
 
-# -- issue 4 -----------------------------------------------------------------------------------------------
+# -- server ----------------------------------------------------------------------------------------------
 
 
 def _serve_row(label: str, r: dict[str, Any]) -> list[str]:
@@ -298,7 +298,7 @@ def render_quality(data: dict[str, Any], ctx: Context) -> str:
             + ctx.image("bench_quality.png", "perplexity increase against stored bytes per token"))
 
 
-# -- issue 8: llama.cpp ----------------------------------------------------------------------------------------
+# -- the llama.cpp peer and the suite ---------------------------------------------------------------------
 
 
 def render_llamacpp(data: dict[str, Any], ctx: Context) -> str:

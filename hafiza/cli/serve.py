@@ -179,7 +179,7 @@ def _store_options(ram: str | None, disk: str | None, redis: str | None, codec: 
 
 
 def _attach_store(aengine: AsyncEngine, app: FastAPI, options: StoreOptions | None) -> StoreConnector | None:
-    """Tiered KV store (issue 6): connector on the engine, metrics on /metrics, `x-hafiza-tiers` per response.
+    """Tiered KV store: connector on the engine, metrics on /metrics, `x-hafiza-tiers` per response.
 
     Pending writes are flushed at the app's lifespan shutdown (uvicorn re-raises SIGTERM after it, so code
     after `uvicorn.run` may never run); `connector.close()` in `serve` also releases the tiers on SIGINT."""

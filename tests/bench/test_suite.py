@@ -14,11 +14,11 @@ PROSE = """# Benchmarks
 
 Hand-written introduction.
 
-## Engine core: KV cache vs recompute (issue 2)
+## Engine core: KV cache vs recompute
 
 Notes on the engine, kept as written.
 
-## Server (issue 4)
+## Server
 
 | measure | value |
 |---|---|
@@ -49,8 +49,8 @@ def test_every_benchmark_is_rendered_from_real_results(tmp_path: Path) -> None:
         assert "AMD" in body or "cores" in body
         assert "Did not run" not in body and "could not be drawn" not in body, body
         assert "\n| " in body  # a table
-    assert doc.index("<!-- bench:cache:start -->") < doc.index("## Server (issue 4)")
-    assert doc.index("## Server (issue 4)") < doc.index("<!-- bench:serve:start -->")
+    assert doc.index("<!-- bench:cache:start -->") < doc.index("## Server")
+    assert doc.index("## Server") < doc.index("<!-- bench:serve:start -->")
     llama = json.loads((DATA / "llamacpp.json").read_text())
     decode = next(d for d in llama["decode"] if d["system"] == "llama.cpp")
     assert f"| {decode['decode_tokens_per_s']:.1f} |" in region(doc, "cache")
@@ -74,16 +74,16 @@ def test_a_missing_llama_cpp_is_said_in_the_peer_tables(tmp_path: Path) -> None:
 
 
 def test_a_benchmark_that_fails_or_hangs_is_reported(tmp_path: Path) -> None:
-    broken = Bench("nope", ("bench", "nope"), (), (), Region("nope", 9, "Nowhere"))
+    broken = Bench("nope", ("bench", "nope"), (), (), Region("nope", "Nowhere"))
     lines: list[str] = []
     failed = run_one(broken, tmp_path, tmp_path, quick=False, timeout_s=300, echo=lines.append)
     assert failed.returncode not in (0, None) and not failed.ok
     assert "No such command" in (tmp_path / "nope.log").read_text()
-    hung = run_one(Bench("slow", ("serve",), (), (), Region("slow", 9, "Nowhere")), tmp_path, tmp_path,
+    hung = run_one(Bench("slow", ("serve",), (), (), Region("slow", "Nowhere")), tmp_path, tmp_path,
                    quick=False, timeout_s=0.2, echo=lines.append)
     assert hung.timed_out and not hung.ok
     doc = write_docs([failed, hung], tmp_path, quick=False, invocation="hafiza bench all").read_text()
-    assert "## Nowhere (issue 9)" in doc
+    assert "## Nowhere" in doc
     assert f"**Did not run**: exit status {failed.returncode}: `" in region(doc, "nope")
     assert "**Did not run**: timed out after" in region(doc, "slow")
     assert "**failed**" in region(doc, "summary")
@@ -91,7 +91,7 @@ def test_a_benchmark_that_fails_or_hangs_is_reported(tmp_path: Path) -> None:
 
 def test_a_real_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     tiny = Bench("memory", ("bench", "memory"), (), ("--requests", "2", "--max-len", "48"),
-                 Region("memory", 3, "Prefix caching, batching and memory"))
+                 Region("memory", "Prefix caching, batching and memory"))
     done = run_one(tiny, tmp_path, tmp_path, quick=True, timeout_s=600, echo=lambda _: None)
     assert done.ok, done.log_tail
     assert done.data["requests"] == 2
