@@ -2,8 +2,8 @@
 
 The engine's kernel (SDPA) does not return attention weights, so while `observe_attention` is active the
 attention function the model calls is wrapped: after each call, the same queries are scored against the keys
-gathered back from the pool and the per-slot mass is reported. Phase 1 only (benchmark); the engine would
-get the mass from its kernel instead.
+gathered back from the pool and the per-slot mass is reported. The quality benchmark's harness uses the
+wrapper; the engine's runner calls `slot_mass` itself.
 """
 
 from __future__ import annotations

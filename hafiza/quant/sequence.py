@@ -1,5 +1,6 @@
 """One sequence run over a paged pool: chunked prefill and decode that read every key back through `gather`,
-with optional block eviction. The phase-1 harness for quality measurement until the engine integration."""
+with optional block eviction. The quality benchmark's harness (`quant/evaluate.py`); the engine serves through
+its own scheduler and runner."""
 
 from __future__ import annotations
 
