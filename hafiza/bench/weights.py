@@ -173,6 +173,23 @@ def print_table(data: dict[str, Any], console: Any) -> None:
     console.print(table)
 
 
+def markdown(data: dict[str, Any]) -> str:
+    """The results as a markdown table for docs/BENCHMARKS.md (`python -c` over the JSON)."""
+    from hafiza.bench.markdown import table
+
+    rows = []
+    for r in data["results"]:
+        if r.get("error"):
+            rows.append([r["model"], r["system"], "", f"error: {r['error'][:80]}", *[""] * 6])
+            continue
+        rows.append([r["model"], r["system"], r["weights"], f"{r['decode_tok_s']:.1f}",
+                     f"{r['busy_decode_tok_s']:.1f} ({r['busy_over_quiet']:.2f}×)",
+                     f"{r['decode_fraction_of_limit']:.0%} of {r['limit_tok_s']:.0f}", f"{r['prefill_tok_s']:.0f}",
+                     f"{r['peak_rss_bytes'] / 2**30:.2f} GiB", f"{r['load_s']:.2f} s", r["runs"]])
+    return table(["model", "system", "weights", "decode tok/s", "busy decode tok/s", "decode vs bandwidth limit",
+                  "prefill tok/s", "peak RSS", "load", "runs"], rows)
+
+
 def register(bench_app: typer.Typer) -> None:
     """Add `hafiza bench weights`."""
 

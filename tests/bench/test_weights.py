@@ -46,6 +46,8 @@ def test_quick_run_writes_every_required_field(tmp_path: Path) -> None:
     if len(data["results"]) > 1:
         assert data["results"][1]["weights"] == "gguf (Q4_1+Q8_0)"
     assert "memory read bandwidth" in done.stdout
+    doc = weights.markdown(data)
+    assert doc.count("\n") == 1 + len(data["results"]) and f"| {hafiza_row['model']} | hafiza |" in doc
 
 
 def test_a_failing_worker_is_an_error_row_not_a_number(tmp_path: Path) -> None:
