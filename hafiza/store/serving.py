@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from hafiza.engine.engine import RequestOutput
+from hafiza.errors import ConfigError
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, check_codec
 from hafiza.store.config import StoreConfigError, build_tiers, parse_disk_spec, parse_redis_url, parse_size
 from hafiza.store.connector import StoreConnector
@@ -57,7 +58,10 @@ class StoreOptions:
         """Raise a one-line HafizaError for a bad option, before the model is loaded."""
         check_codec(self.codec)
         if self.ram is not None:
-            parse_size(self.ram)
+            try:
+                parse_size(self.ram)
+            except ConfigError as exc:
+                raise StoreConfigError(f"RAM tier: {exc}", setting="store_ram") from None
         if self.disk is not None:
             parse_disk_spec(self.disk)
         if self.redis is not None:
