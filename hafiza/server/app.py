@@ -10,7 +10,7 @@ from hafiza.engine.async_engine import AsyncEngine
 from hafiza.server.dashboard import mount_dashboard
 from hafiza.server.determinism import HEADER as DETERMINISM_HEADER
 from hafiza.server.determinism import DeterminismHeader
-from hafiza.server.errors import install_error_handlers
+from hafiza.server.errors import CatchAllMiddleware, install_error_handlers
 from hafiza.server.guard import BrowserGuard
 from hafiza.server.openapi import mount_openapi
 from hafiza.server.routes import anthropic, common, completions, openai, responses, tokenize
@@ -44,4 +44,5 @@ def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
                            allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS))
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(DeterminismHeader, value=aengine.engine.determinism)
+    app.add_middleware(CatchAllMiddleware)  # added last, so outermost: no middleware's exception reaches uvicorn
     return app

@@ -128,8 +128,8 @@ class CatchAllMiddleware:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves as JSON in the route's API shape; internal failures are logged, never shown."""
-    app.add_middleware(CatchAllMiddleware)
+    """Every error leaves as JSON in the route's API shape; internal failures are logged, never shown. The app
+    adds CatchAllMiddleware last, so that it wraps every other middleware too."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -299,3 +299,27 @@ def test_integers_past_64_bits_get_400_or_are_served(http: httpx.Client, server:
     assert r.status_code in (200, 400), r.text
     if r.status_code == 400:
         assert "Traceback" not in r.text and "internal" not in r.text
+
+
+def test_a_failing_middleware_keeps_the_connection(engine: AsyncEngine, server: Server,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catch-all wraps every middleware, not only the routes: a bug in the browser guard is a 500 too."""
+    from hafiza.server.guard import BrowserGuard
+
+    def broken(self: BrowserGuard, method: str, headers: dict[str, str]) -> None:
+        raise RuntimeError("a guard bug")
+
+    monkeypatch.setattr(BrowserGuard, "check", broken)
+    thread = ServerThread(create_app(engine, ServerSettings(model_name=server.model))).start()
+    host, port = thread.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        for _ in range(2):
+            conn.request("POST", "/v1/messages", body="{}", headers={"content-type": "application/json"})
+            r = conn.getresponse()
+            body = json.loads(r.read())
+            assert r.status == 500 and body["error"]["type"] == "api_error", body
+            assert "RuntimeError" in body["error"]["message"]
+    finally:
+        conn.close()
+        thread.stop()
