@@ -20,7 +20,7 @@ from hafiza.store.serving import StoreOptions, attach_store, tiers_header
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--store-codec", "gzip"], "--store-codec 'gzip': choose one of raw, zstd, exponent, predictive"),
+    (["--store-codec", "gzip"], "--store-codec 'gzip': choose one of raw, zstd, planes, exponent, predictive"),
     (["--store-disk", "/tmp/x", "--store-write-back"], "--store-write-back needs --store-ram"),
     (["--store-ram", "lots"], "cannot read size 'lots'"),
     (["--store-redis", "http://h:1"], "scheme must be redis://"),
