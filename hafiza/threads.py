@@ -3,9 +3,10 @@ the decode matmul, so that decode keeps its speed when other processes take core
 
 - `openmp_defaults()` runs before torch is imported (hafiza/__init__.py): OpenMP threads that spin at a barrier
   hold their core while a sibling waits for one; a short spin then sleep releases it (docs/ENGINE.md).
-- `adapt()` runs before each forward on the CPU (ModelRunner.execute): it reads how busy the allowed cores were
-  since the last look (/proc/stat, less this process's own CPU time) and uses only the cores left free, so no
-  barrier waits for a thread that another process has descheduled.
+- `adapt()` runs before each forward on the CPU (LlamaModel.forward). With HAFIZA_ADAPTIVE_THREADS=1 it reads how
+  busy the allowed cores were since the last look (/proc/stat, less this process's own CPU time) and uses only the
+  cores left free. Off by default: on the shared 2-core machine, passive waiting with every thread kept its decode
+  better under a spinning process than giving the core up (docs/BENCHMARKS.md, thread policy).
 - `decode_parts()`: how many slices the decode matmul splits its weight into; fixed for the process (the thread
   count it started with), never the thread count of the moment, so logits are bit-identical whatever `adapt()` picks.
 """
@@ -103,7 +104,7 @@ class ThreadPolicy:
     """Chooses the intra-op thread count of the thread that runs the forward, step by step."""
 
     def __init__(self, maximum: int, cpus: list[int], adaptive: bool = True, stat_path: str = "/proc/stat") -> None:
-        """`adaptive` False (HAFIZA_ADAPTIVE_THREADS=0) keeps `maximum` threads whatever the load."""
+        """`adaptive` False keeps `maximum` threads whatever the load (the default; HAFIZA_ADAPTIVE_THREADS=1)."""
         self.maximum, self.cpus, self.stat_path = maximum, cpus, stat_path
         self.current = maximum
         self.last = read_times(cpus, stat_path)
@@ -138,7 +139,7 @@ def _start() -> ThreadPolicy:
             cpus = allowed_cpus()
             _parts = _parts or max(1, min(torch.get_num_threads(), len(cpus)))
             maximum = len(cpus)  # each thread's own count caps it (adapt)
-            _policy = ThreadPolicy(maximum, cpus, adaptive=os.environ.get("HAFIZA_ADAPTIVE_THREADS", "1") != "0")
+            _policy = ThreadPolicy(maximum, cpus, adaptive=os.environ.get("HAFIZA_ADAPTIVE_THREADS", "0") == "1")
         return _policy
 
 
@@ -148,6 +149,11 @@ def set_adaptive(enabled: bool) -> None:
     with _lock:
         policy.enabled = enabled and policy.last.busy_s is not None
         policy.current = policy.maximum
+
+
+def is_adaptive() -> bool:
+    """Whether the thread count follows the other processes' load."""
+    return _start().enabled
 
 
 def decode_parts() -> int:

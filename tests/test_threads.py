@@ -100,7 +100,7 @@ def test_logits_are_bit_identical_across_thread_counts(which: str, default_model
                                                        request: pytest.FixtureRequest) -> None:
     lm = default_model if which == "fp32" else request.getfixturevalue("quantized_model")
     prompt = lm.tokenizer.encode("The capital of France is Paris, and the capital of Germany is")
-    before = torch.get_num_threads()
+    before, was = torch.get_num_threads(), threads.is_adaptive()
     threads.set_adaptive(False)
     try:
         runs = []
@@ -108,7 +108,7 @@ def test_logits_are_bit_identical_across_thread_counts(which: str, default_model
             torch.set_num_threads(n)
             runs.append(paged_logits(lm, prompt, 4))
     finally:
-        threads.set_adaptive(True)
+        threads.set_adaptive(was)
         torch.set_num_threads(before)
     for n, run in zip((1, 3), runs[1:], strict=True):
         for step, (a, b) in enumerate(zip(runs[0], run, strict=True)):
