@@ -1,7 +1,8 @@
 """A cheaper rerun of the target's forward returning every layer's K and V (the speculative model).
 
 Built from the target LlamaModel's own weights and pieces (rms_norm, RoPE, SDPA). Per layer, a precision:
-  exact      fp32, the same operations as LlamaModel.forward, so its K/V equal the target's bit for bit
+  exact      the target's own linears and attention kernel (LlamaModel.forward's operations), so its K/V equal the
+             target's bit for bit
   bf16-mixed matmuls in bf16 (weights and inputs rounded), residual stream, norms and attention in fp32
   bf16       everything in bf16 (the target's weights run as a bf16 model)
   int8       matmuls in int8 (weights per output channel, activations per token), the rest in fp32
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hafiza.models.attention import AttentionMetadata, PrefillSpan, paged_attention
+from hafiza.models.capture import ContiguousKV
 from hafiza.models.llama import LayerWeights, LlamaModel, rms_norm
 from hafiza.models.rope import apply_rope
 
@@ -49,19 +52,22 @@ class _Linears:
     """One layer's four matmuls at one precision: maps fp32 (or bf16) activations to the residual dtype."""
 
     def __init__(self, lw: LayerWeights, variant: str, target: LlamaModel) -> None:
-        self.variant = variant
+        self.variant, self.layer = variant, lw
         names = ("qkv", "o", "gate_up", "down")
         if variant == "int8":
             self.w = {n: Int8Weight.of(getattr(lw, n).dense()) for n in names}
         elif variant in ("bf16-mixed", "bf16"):
             self.w = {n: getattr(lw, n).dense().to(torch.bfloat16) for n in names}
         else:
-            self.w = {n: getattr(lw, n).dense().to(target.dtype) for n in names}
+            self.w = {}
         self.bias = lw.qkv_bias
 
     def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        w = self.w[name]
         bias = self.bias if name == "qkv" else None
+        if self.variant == "exact":
+            y = getattr(self.layer, name)(x)
+            return y if bias is None else y + bias
+        w = self.w[name]
         if self.variant == "int8":
             y = _int8_linear(x.float(), w)
             return y if bias is None else y + bias.float()
@@ -93,6 +99,8 @@ class PredictorModel:
         positions = torch.arange(t, device=m.device)
         cos, sin = m.rope.cos_sin(positions, t - 1)
         ks, vs = [], []
+        exact_kv = ContiguousKV(m, 1) if self.exact_layers else None
+        meta = AttentionMetadata(slot_mapping=positions, prefills=[PrefillSpan(0, t, t)])
         x = m.embed(ids)
         for i, lw in enumerate(m.layers):
             low = "bf16" if (i >= self.exact_layers and self.variant == "bf16") else None
@@ -107,10 +115,14 @@ class PredictorModel:
             v = v.reshape(t, c.num_kv_heads, c.head_dim)
             ks.append(k.float())
             vs.append(v.float())
-            qh, kh, vh = (a.transpose(0, 1).unsqueeze(0) for a in (q, k, v))
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True,
-                                               enable_gqa=c.num_heads != c.num_kv_heads)
-            x = x + lin("o", o[0].transpose(0, 1).reshape(t, m.q_size)).to(x.dtype)
+            if exact_kv is not None and i < self.exact_layers:  # the target's kernel: fresh K/V, one causal span
+                attn = paged_attention(i, q, k, v, exact_kv, meta).reshape(t, m.q_size)
+            else:
+                qh, kh, vh = (a.transpose(0, 1).unsqueeze(0) for a in (q, k, v))
+                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True,
+                                                   enable_gqa=c.num_heads != c.num_kv_heads)
+                attn = o[0].transpose(0, 1).reshape(t, m.q_size)
+            x = x + lin("o", attn).to(x.dtype)
             h = rms_norm(x, post_norm, c.rms_norm_eps)
             gate, up = lin("gate_up", h).chunk(2, dim=-1)
             x = x + lin("down", F.silu(gate) * up).to(x.dtype)
