@@ -45,4 +45,4 @@ def test_serve_bad_option_is_one_line() -> None:
     proc = subprocess.run([sys.executable, "-m", "hafiza", "serve", "--kv-memory", "lots"], capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "cannot read 'lots' as a size" in proc.stderr
+    assert "--kv-memory: cannot read size 'lots'" in proc.stderr
