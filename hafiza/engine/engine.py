@@ -368,8 +368,8 @@ class LLMEngine:
         states = [s.generator.get_state() if s.generator is not None else None for s in seqs]
         try:
             return dict(zip((s.request_id for s in seqs), self._sample_rows(logits, seqs), strict=True))
-        except Exception:
-            pass
+        except Exception as exc:
+            log.info("batch sampling failed (%s): sampling each of %d rows alone", exc, len(seqs))
         for seq, state in zip(seqs, states, strict=True):
             if seq.generator is not None and state is not None:
                 seq.generator.set_state(state)
