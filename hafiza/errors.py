@@ -10,7 +10,14 @@ class ModelLoadError(HafizaError):
 
 
 class RequestError(HafizaError):
-    """A request that can never be served as given (too long, bad sampling parameters, ...)."""
+    """A request that can never be served as given (too long, bad sampling parameters, ...).
+
+    `param` names the request field at fault (a SamplingParams field such as "max_tokens", or "prompt"), so the
+    server can fill its error's `param` without reading the message."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ConfigError(HafizaError, ValueError):

@@ -11,11 +11,9 @@ from hafiza.cli import app
 from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype, Weights
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
-    from hafiza.engine.async_engine import AsyncEngine
+    from hafiza.cli.store import StoreOptions
+    from hafiza.engine.engine import LLMEngine
     from hafiza.store.connector import StoreConnector
-    from hafiza.store.serving import StoreOptions
 
 
 @app.command()
@@ -101,7 +99,8 @@ def serve(
     from hafiza.engine import EngineConfig
     from hafiza.errors import HafizaError
     from hafiza.server import PriceTable, ServerSettings, create_app
-    from hafiza.server.launch import describe, served_name, start_engine, uvicorn_config
+    from hafiza.server.launch import build_engine, describe, served_name, uvicorn_config
+    from hafiza.server.store import serve_store
 
     if min_cache_tokens < 0 or max_body_bytes < 1:
         raise HafizaError("--min-cache-tokens must be >= 0 and --max-body-bytes >= 1")
@@ -120,8 +119,8 @@ def serve(
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                           eviction=eviction, kv_budget_tokens=kv_budget_tokens)
-    aengine = start_engine(model, device, dtype, config, max_waiting, max_queue_time, weights=weights)
-    connector = None
+    aengine = build_engine(model, device, dtype, config, max_waiting, max_queue_time, weights=weights)
+    connector = _connect_store(aengine.engine, store)
     try:
         lm = aengine.engine.loaded
         name = model_name or served_name(lm)
@@ -133,7 +132,9 @@ def serve(
                                   allow_special_tokens_in_content=allow_special_tokens_in_content, **security)
         logging.getLogger("hafiza.server").info("serving %r: %s", name, describe(aengine))
         app = create_app(aengine, settings)
-        connector = _attach_store(aengine, app, store)
+        if connector is not None:
+            serve_store(app, connector)
+        aengine.start()  # everything is attached: from here on only the engine thread touches the engine
         uvicorn.Server(uvicorn_config(app, host, port, log_level.lower(), header_timeout)).run()
     finally:
         aengine.shutdown()
@@ -171,23 +172,23 @@ def _security(host: str, api_keys: list[str] | None, keys_file: str | None, admi
 def _store_options(ram: str | None, disk: str | None, redis: str | None, codec: str, write_back: bool
                    ) -> StoreOptions | None:
     """The --store-* options, checked before the model loads (None when no tier is asked for)."""
-    from hafiza.store.serving import StoreOptions
+    from hafiza.cli.store import StoreOptions
 
     options = StoreOptions(ram, disk, redis, codec, write_back)
     options.validate()
     return options if options.enabled else None
 
 
-def _attach_store(aengine: AsyncEngine, app: FastAPI, options: StoreOptions | None) -> StoreConnector | None:
-    """Tiered KV store: connector on the engine, metrics on /metrics, `x-hafiza-tiers` per response.
+def _connect_store(engine: LLMEngine, options: StoreOptions | None) -> StoreConnector | None:
+    """Tiered KV store: a connector attached to the engine before its thread starts (None without tiers).
 
     Pending writes are flushed at the app's lifespan shutdown (uvicorn re-raises SIGTERM after it, so code
     after `uvicorn.run` may never run); `connector.close()` in `serve` also releases the tiers on SIGINT."""
     if options is None:
         return None
-    from hafiza.store.serving import attach_store
+    from hafiza.cli.store import connect_store
 
-    connector = attach_store(aengine, app, options)
+    connector = connect_store(engine, options)
     logging.getLogger("hafiza.store").info("KV store tiers: %s (codec %s%s)", " -> ".join(connector.store.names),
                                            options.codec, ", write-back" if options.write_back else "")
     return connector

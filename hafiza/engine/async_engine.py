@@ -15,6 +15,7 @@ from typing import Any
 from hafiza.engine.engine import EngineStats, LLMEngine, RequestOutput
 from hafiza.engine.sampling import SamplingParams
 from hafiza.engine.sequence import CachePin, Status
+from hafiza.errors import RequestError
 
 log = logging.getLogger("hafiza.engine")
 
@@ -35,7 +36,13 @@ class EngineOverloadedError(RuntimeError):
 
 
 class AsyncEngine:
-    """Owns the engine thread. Only that thread touches the LLMEngine; everything else goes through commands.
+    """Owns the engine thread. Once `start()`ed, only that thread touches the LLMEngine: everything else goes
+    through commands, except `check_request`, which reads only what is fixed at construction. Attach the
+    connector and the listeners before `start()`.
+
+    The path of a request: `submit` checks it (once) and queues an "add" command; the engine thread takes it
+    (`add_checked`), steps, and puts each output straight into the request's `RequestStream` queue, the only
+    queue between the engine thread and the caller.
 
     Overload has a shape: with `max_waiting`, a request arriving while that many wait for admission is refused
     at once; with `max_queue_time_s`, a request not admitted within that time is taken out of the queue. Both
@@ -53,7 +60,7 @@ class AsyncEngine:
         self.admission_listeners: list[Callable[[float], None]] = []
         self._unadmitted: dict[str, float] = {}  # request id -> arrival time, in arrival order
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stats = engine.stats()
@@ -66,9 +73,11 @@ class AsyncEngine:
         return self
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread (a no-op if it never started)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
 
     @property
     def is_alive(self) -> bool:
@@ -84,33 +93,32 @@ class AsyncEngine:
         """The latest snapshot, taken on the engine thread (at most `stats_interval_s` old)."""
         return self._stats
 
+    async def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                     cache_salt: str | None = None, pins: Sequence[CachePin] = ()) -> RequestStream:
+        """Check the request once, here (RequestError if it can never be served: the engine thread does not
+        check it again), and queue it; its outputs arrive on the returned stream. A grammar is compiled on a
+        worker thread, so neither the event loop nor the engine thread waits for it."""
+        if params.grammar is not None:
+            await asyncio.to_thread(self.engine.check_request, prompt_ids, params)
+        else:
+            self.engine.check_request(prompt_ids, params)
+        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        stream = RequestStream(self, rid, params.n)
+        self._streams[rid] = (asyncio.get_running_loop(), stream.queue)
+        self._send("add", (rid, prompt_ids, params, cache_salt, tuple(pins)))
+        return stream
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        cache_salt: str | None = None, pins: Sequence[CachePin] = ()) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. Raises RequestError before the first output if it can never be served;
         if the consumer stops early (client disconnect), the request is aborted and its blocks freed. With n > 1
         the n choices' outputs interleave (`index` tells them apart); the stream ends when all have finished."""
-        self.engine.check_request(prompt_ids, params)
-        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        self._streams[rid] = (loop, q)
-        self._send("add", (rid, prompt_ids, params, cache_salt, tuple(pins)))
-        finished = False
-        unfinished = params.n
+        stream = await self.submit(prompt_ids, params, request_id, cache_salt, pins)
         try:
-            while True:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    raise item
-                unfinished -= item.finished
-                finished = unfinished == 0
-                yield item
-                if finished:
-                    break
+            while not stream.finished:
+                yield await stream.get()
         finally:
-            self._streams.pop(rid, None)
-            if not finished:
-                self._send("abort", rid)
+            stream.close()
 
     def abort(self, request_id: str) -> None:
         self._send("abort", request_id)
@@ -146,11 +154,11 @@ class AsyncEngine:
                     oldest = min(self._unadmitted.values(), default=time.monotonic())
                     self._deliver(rid, EngineOverloadedError(
                         f"server overloaded: {waiting} requests already wait for admission, the limit is "
-                        f"{self.max_waiting} (--max-waiting)", time.monotonic() - oldest))
+                        f"{self.max_waiting}", time.monotonic() - oldest))
                     continue
                 try:
-                    self.engine.add_request(ids, params, request_id=rid, cache_salt=salt, pins=pins)
-                except Exception as exc:  # RequestError races (e.g. duplicate id) go back to the caller
+                    self.engine.add_checked(ids, params, rid, salt, pins)
+                except Exception as exc:  # a race (an id already in use) goes back to the caller
                     self._deliver(rid, exc)
                     continue
                 self._unadmitted[rid] = self.engine.seqs[rid].arrival_time
@@ -209,7 +217,7 @@ class AsyncEngine:
             self.engine.abort(rid)
             self._deliver(rid, EngineOverloadedError(
                 f"server overloaded: the request waited {now - arrival:.1f} s without being scheduled, the limit "
-                f"is {self.max_queue_time_s:g} s (--max-queue-time)", self.max_queue_time_s))
+                f"is {self.max_queue_time_s:g} s", self.max_queue_time_s))
 
     def _note_admissions(self, step_start: float) -> None:
         """Report the queue time of requests the last step admitted (admission is in arrival order)."""
@@ -230,3 +238,33 @@ class AsyncEngine:
         for rid in list(self.engine.seqs):
             self.engine.abort(rid)
             self._deliver(rid, EngineDeadError(f"engine step failed: {exc}"))
+
+
+class RequestStream:
+    """One request's outputs: the engine thread puts each straight into `queue` (the only queue between the
+    engine and the caller), and `get` hands them out. Always `close()` it: a request not finished by then is
+    aborted and its blocks freed. With n > 1 choices the stream is finished once all n have finished."""
+
+    def __init__(self, aengine: AsyncEngine, request_id: str, n: int) -> None:
+        self.aengine, self.request_id = aengine, request_id
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+        self._unfinished = n
+        self._added = True
+
+    async def get(self) -> RequestOutput:
+        """The next output. The engine's error for this request (EngineDeadError, EngineOverloadedError, or a
+        RequestError when the id was already in use) is raised instead, and ends the stream."""
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            self._added = not isinstance(item, RequestError)  # never added: the id belongs to another request
+            raise item
+        self._unfinished -= item.finished
+        self.finished = self._unfinished == 0
+        return item
+
+    def close(self) -> None:
+        """Stop delivering, and abort the request if any of its choices is still unfinished."""
+        if self.aengine._streams.pop(self.request_id, None) is not None and self._unfinished and self._added:
+            self.aengine.abort(self.request_id)

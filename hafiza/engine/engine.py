@@ -220,25 +220,26 @@ class LLMEngine:
         params.validate()
         n = len(prompt_ids)
         if n == 0:
-            raise RequestError("the prompt is empty")
+            raise RequestError("the prompt is empty", param="prompt")
         vocab = self.loaded.config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise RequestError(f"prompt contains token ids outside the vocabulary [0, {vocab})")
+            raise RequestError(f"prompt contains token ids outside the vocabulary [0, {vocab})", param="prompt")
         bad = [t for t in params.logit_bias if t >= vocab]
         if bad:
-            raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                               param="logit_bias")
         if params.grammar is not None:
             self.grammars.compile(params.grammar)
         if n + params.max_tokens > self.max_model_len:
             raise RequestError(
                 f"prompt of {n} tokens + max_tokens {params.max_tokens} = {n + params.max_tokens} exceeds the "
-                f"model's context of {self.max_model_len} tokens"
+                f"model's context of {self.max_model_len} tokens", param="max_tokens"
             )
         if n + params.max_tokens > self.capacity_tokens:
             raise RequestError(
                 f"prompt of {n} tokens + max_tokens {params.max_tokens} needs "
                 f"{-(-(n + params.max_tokens) // self.layout.block_size)} KV blocks but the pool has "
-                f"{self.layout.num_blocks} ({self.capacity_tokens} tokens)"
+                f"{self.layout.num_blocks} ({self.capacity_tokens} tokens)", param="max_tokens"
             )
         bs = self.layout.block_size
         shared_blocks = n // bs
@@ -246,7 +247,8 @@ class LLMEngine:
         if params.n > 1 and group_blocks > self.layout.num_blocks:
             raise RequestError(
                 f"n={params.n} choices of a {n}-token prompt with max_tokens {params.max_tokens} need "
-                f"{group_blocks} KV blocks but the pool has {self.layout.num_blocks}; lower n or max_tokens"
+                f"{group_blocks} KV blocks but the pool has {self.layout.num_blocks}; lower n or max_tokens",
+                param="n",
             )
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -256,13 +258,20 @@ class LLMEngine:
         params = params or SamplingParams()
         ids = self.encode_prompt(prompt)
         self.check_request(ids, params)
+        return self.add_checked(ids, params, request_id, cache_salt, pins)
+
+    def add_checked(self, prompt_ids: Seq[int], params: SamplingParams, request_id: str | None = None,
+                    cache_salt: str | None = None, pins: Seq[CachePin] = ()) -> str:
+        """Queue a request `check_request` has already accepted (AsyncEngine checks on the caller's thread, so
+        the engine thread does not decide it again); raises RequestError only for an id already in use."""
+        ids = list(prompt_ids)
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self.seqs or rid in self.groups:
             raise RequestError(f"request id {rid!r} is already in use")
         salt = cache_salt if cache_salt is not None else self.config.cache_salt
         if params.n > 1:
             self.groups[rid] = _Group(params.n, params.n, cache_salt=salt)
-        self._add_choice(rid, list(ids), params, salt, tuple(pins), 0)
+        self._add_choice(rid, ids, params, salt, tuple(pins), 0)
         return rid
 
     def _add_choice(self, rid: str, ids: list[int], params: SamplingParams, salt: str | None,

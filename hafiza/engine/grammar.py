@@ -119,6 +119,12 @@ class GrammarCompiler:
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         return self._compiler
 
+    def prepare(self) -> None:
+        """Build the tokenizer's xgrammar info now (at server start), so the first structured request does not
+        wait for it."""
+        with self._lock:
+            self._xgr()
+
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         """The compiled grammar for `spec` (cached); RequestError if the spec is invalid."""
         spec.validate()

@@ -52,36 +52,39 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise RequestError naming the first bad value."""
         if self.max_tokens < 0:
-            raise RequestError(f"max_tokens must be >= 0, got {self.max_tokens}")
+            raise RequestError(f"max_tokens must be >= 0, got {self.max_tokens}", param="max_tokens")
         if not 0.0 <= self.temperature <= 100.0:
-            raise RequestError(f"temperature must be between 0 and 100, got {self.temperature}")
+            raise RequestError(f"temperature must be between 0 and 100, got {self.temperature}", param="temperature")
         if self.top_k < 0:
-            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+            raise RequestError(f"top_k must be >= 0, got {self.top_k}", param="top_k")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise RequestError(f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {self.seed}")
+            raise RequestError(f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {self.seed}",
+                               param="seed")
         if not 0.0 < self.top_p <= 1.0:
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise RequestError("stop sequences must be non-empty strings")
+            raise RequestError("stop sequences must be non-empty strings", param="stop")
         if not 1 <= self.n <= MAX_N:
-            raise RequestError(f"n must be between 1 and {MAX_N}, got {self.n}")
+            raise RequestError(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
-                raise RequestError(f"{name} must be between -2 and 2, got {value}")
+                raise RequestError(f"{name} must be between -2 and 2, got {value}", param=name)
         if not (math.isfinite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 100.0):
-            raise RequestError(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
+            raise RequestError(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}",
+                               param="repetition_penalty")
         if not 0.0 <= self.min_p <= 1.0:
-            raise RequestError(f"min_p must be between 0 and 1, got {self.min_p}")
+            raise RequestError(f"min_p must be between 0 and 1, got {self.min_p}", param="min_p")
         for token, bias in self.logit_bias.items():
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise RequestError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+                raise RequestError(f"logit_bias keys must be token ids >= 0, got {token!r}", param="logit_bias")
             if not -100.0 <= bias <= 100.0:
-                raise RequestError(f"logit_bias for token {token} must be between -100 and 100, got {bias}")
+                raise RequestError(f"logit_bias for token {token} must be between -100 and 100, got {bias}",
+                                   param="logit_bias")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise RequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}")
+                raise RequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
         if self.grammar is not None:
             self.grammar.validate()
 

@@ -67,17 +67,6 @@ def _finish(choice: Choice) -> str:
     return FINISH_REASONS.get(choice.finish_reason or "stop", "stop")
 
 
-async def read_all(gen: Generation, choices: Choices) -> None:
-    """Feed every output of a started generation to its choice until all n have finished."""
-    out = gen.last
-    while True:
-        if out is not None:
-            choices.feed(out)
-        if choices.done:
-            return
-        out = await gen.next()
-
-
 def chat_body(gen: Generation, choices: Choices, req: ChatCompletionRequest, created: int, usage: Json,
               state: ServerState) -> Json:
     """The non-streaming `chat.completion` object."""

@@ -28,6 +28,8 @@ from hafiza.server.auth import Role, caller, require_access, require_admin
 from hafiza.server.errors import ApiError
 from hafiza.server.prefixes import PrefixIndex
 from hafiza.server.state import server_state
+from hafiza.store.connector import StoreConnector
+from hafiza.store.tiered import TieredStore
 
 ENGINE_CALL_TIMEOUT_S = 10.0
 STATIC_TYPES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -100,12 +102,6 @@ class Monitor:
             **self.prefixes.snapshot(limit),
         }
 
-    def store(self) -> Any:
-        """The engine's TieredStore, if `hafiza serve` attached one (found through the engine's connector)."""
-        from hafiza.store.tiered import TieredStore
-
-        store = getattr(self.engine.connector, "store", None)
-        return store if isinstance(store, TieredStore) else None
 
 
 _monitors: weakref.WeakKeyDictionary[AsyncEngine, Monitor] = weakref.WeakKeyDictionary()
@@ -118,7 +114,7 @@ def monitor_for(aengine: AsyncEngine) -> Monitor:
     return _monitors[aengine]
 
 
-def tier_state(store: Any) -> dict[str, Any]:
+def tier_state(store: TieredStore | None) -> dict[str, Any]:
     """Per-tier bytes, entries, hit rates and compression, and the stack's totals (None without a store)."""
     if store is None:
         return {"tiers": [], "compression_ratio": None, "lookup_hit_rate": None}
@@ -181,7 +177,8 @@ async def dashboard_state(request: Request, limit: int = 20) -> JSONResponse:
     if not admin:
         for row in engine["prefixes"]:
             row["head"] = row["tail"] = row["id"] = None
-    tiers = await asyncio.to_thread(tier_state, mon.store())
+    connector = state.store
+    tiers = await asyncio.to_thread(tier_state, connector.store if connector else None)
     return JSONResponse({"time": time.time(), "model": state.settings.model_name,
                          "auth": not state.settings.is_open, "admin": admin, **engine, "store": tiers},
                         headers={"cache-control": "no-store"})
@@ -197,13 +194,13 @@ async def drop_prefix(request: Request, prefix_id: str, include_shared: bool = F
         report, hashes = await _on_engine(request, lambda e: mon.prefixes.drop(prefix_id, include_shared))
     except KeyError as exc:
         raise ApiError(404, f"no cached prefix {prefix_id!r} (already evicted?)", code="not_found") from exc
-    connector = mon.engine.connector
-    if tiers and mon.store() is not None:
+    connector = server_state(request).store
+    if tiers and connector is not None:
         report["deleted_from_tiers"] = await asyncio.to_thread(delete_from_tiers, connector, hashes)
     return report
 
 
-def delete_from_tiers(connector: Any, hashes: list[str]) -> dict[str, int]:
+def delete_from_tiers(connector: StoreConnector, hashes: list[str]) -> dict[str, int]:
     """Delete blocks from every tier of the connector's store, once its pending writes have landed."""
     connector.flush(5.0)
     keys = [connector.key(h) for h in hashes]
@@ -213,13 +210,13 @@ def delete_from_tiers(connector: Any, hashes: list[str]) -> dict[str, int]:
 @router.post("/dashboard/tiers/{name}/clear", dependencies=[Depends(require_admin)])
 async def clear_tier(request: Request, name: str) -> dict[str, Any]:
     """Empty one store tier, or with `pool` evict every cached block of the KV pool that no request holds."""
-    mon: Monitor = request.app.state.dashboard
     if name == POOL:
         def drop_all(engine: LLMEngine) -> int:
             return engine.blocks.drop(list(engine.blocks.hash_to_block))
 
         return {"tier": POOL, "dropped_blocks": await _on_engine(request, drop_all)}
-    store = mon.store()
+    connector = server_state(request).store
+    store = connector.store if connector else None
     tier = next((t for t in (store.tiers if store else []) if t.name == name), None)
     if tier is None:
         names = [POOL, *(store.names if store else [])]

@@ -1,4 +1,5 @@
-"""Starting the server: load the model, start the engine thread, run uvicorn (in the foreground or a thread)."""
+"""Starting the server: load the model, build the engine (its thread is started once everything is attached),
+run uvicorn (in the foreground or a thread)."""
 
 from __future__ import annotations
 
@@ -26,19 +27,23 @@ def served_name(lm: LoadedModel) -> str:
     return lm.path.stem if lm.path.is_file() else lm.path.name
 
 
-def start_engine(model: str | None, device: str, dtype: str, config: EngineConfig, max_waiting: int | None = None,
+def build_engine(model: str | None, device: str, dtype: str, config: EngineConfig, max_waiting: int | None = None,
                  max_queue_time_s: float | None = None, weights: str = "auto") -> AsyncEngine:
-    """Load the model (weights in the `weights` format) and start the engine thread (with the overload limits)."""
+    """Load the model (weights in the `weights` format) and build the engine with its overload limits. Its thread
+    is not started: attach the store and build the app first, then `start()` it (only the engine thread touches
+    the engine once it runs). The grammar compiler's tokenizer info is built here, before any request."""
     lm = load_model(model, dtype=dtype, device=device, weights=weights)
-    return AsyncEngine(LLMEngine(lm, config), max_waiting=max_waiting, max_queue_time_s=max_queue_time_s).start()
+    engine = LLMEngine(lm, config)
+    engine.grammars.prepare()
+    return AsyncEngine(engine, max_waiting=max_waiting, max_queue_time_s=max_queue_time_s)
 
 
 def describe(aengine: AsyncEngine) -> str:
     """One line on what is being served, for the start-up log."""
     e = aengine.engine
     return (f"{e.loaded.name} on {e.loaded.device} ({e.loaded.dtype}); KV pool {e.layout.num_blocks} blocks x "
-            f"{e.layout.block_size} tokens = {e.capacity_tokens} tokens ({e.layout.bytes_per_block} B per block, "
-            f"{e.stats().kv_dtype}); context {e.max_model_len}")
+            f"{e.layout.block_size} tokens = {e.capacity_tokens} tokens ({e.bytes_per_block} B per block, "
+            f"{e.kv_dtype}); context {e.max_model_len}")
 
 
 class HeaderDeadlineProtocol(H11Protocol):

@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
 from hafiza.engine.async_engine import AsyncEngine
-from hafiza.engine.sampling import SamplingParams
-from hafiza.errors import RequestError
 from hafiza.models.tokenizer import Tokenizer
 from hafiza.server.errors import ApiError
 from hafiza.server.explain import CacheExplainer
 from hafiza.server.metrics import ServerMetrics
 from hafiza.server.settings import CHARS_PER_CONTEXT_TOKEN, ServerSettings
 
+if TYPE_CHECKING:
+    from hafiza.store.connector import StoreConnector
+
 
 @dataclass
 class ServerState:
-    """Lives on `app.state.hafiza`; routes added later (dashboard, store) find everything here."""
+    """Lives on `app.state.hafiza`; routes added later (dashboard, store) find everything here. `store` is the KV
+    store's connector when one is attached (`hafiza.server.store.serve_store`)."""
 
     aengine: AsyncEngine
     settings: ServerSettings
     metrics: ServerMetrics
     explainer: CacheExplainer
+    store: StoreConnector | None = None
 
     @classmethod
     def create(cls, aengine: AsyncEngine, settings: ServerSettings,
@@ -58,14 +62,6 @@ class ServerState:
         if not self.settings.accepts_model(name):
             raise ApiError(400, f"model {name!r} is not served here: use {self.settings.model_name!r} "
                                 f"(see GET /v1/models)", param="model", code="model_not_found")
-
-    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """400 with the engine's own words if the request can never be served (too long, bad sampling values)."""
-        try:
-            self.aengine.engine.check_request(prompt_ids, params)
-        except RequestError as exc:
-            param = "max_tokens" if "max_tokens" in str(exc) else None
-            raise ApiError(400, str(exc), param=param) from exc
 
 
 def server_state(request: Request) -> ServerState:

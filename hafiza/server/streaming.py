@@ -1,24 +1,22 @@
-"""Bridging one engine request to one HTTP exchange: a buffered output stream, disconnect watching, SSE.
+"""Bridging one engine request to one HTTP exchange: its output stream, disconnect watching, SSE.
 
-The engine's async generator is consumed by a pump task so readers can wait with timeouts (for SSE pings) and
-stop at any moment: cancelling the pump aborts the engine request and frees its KV blocks.
+Readers wait on the engine's per-request stream with timeouts (for SSE pings) and can stop at any moment:
+closing the stream aborts the engine request and frees its KV blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from hafiza.engine.async_engine import AsyncEngine
+from hafiza.engine.async_engine import RequestStream
 from hafiza.engine.engine import RequestOutput
-from hafiza.engine.sampling import SamplingParams
-from hafiza.engine.sequence import CachePin
 
 
 class ClientGone(Exception):
@@ -45,28 +43,19 @@ class DisconnectWatch:
 
 
 class OutputStream:
-    """One engine request's outputs, buffered; exceptions from the engine are re-raised to the reader."""
+    """One engine request's outputs as the HTTP side reads them: the engine's own per-request stream, raced
+    against the client going away. Exceptions from the engine are re-raised to the reader."""
 
-    def __init__(self, aengine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                 pins: Sequence[CachePin], watch: DisconnectWatch, cache_salt: str | None = None) -> None:
-        self.watch = watch
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._task = asyncio.create_task(self._pump(aengine.generate(prompt_ids, params, request_id,
-                                                                     cache_salt=cache_salt, pins=pins)))
-        self.done = False
+    def __init__(self, stream: RequestStream, watch: DisconnectWatch) -> None:
+        self.stream, self.watch = stream, watch
 
-    async def _pump(self, outputs: AsyncIterator[RequestOutput]) -> None:
-        try:
-            async for out in outputs:
-                self._queue.put_nowait(out)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._queue.put_nowait(exc)
+    @property
+    def done(self) -> bool:
+        return self.stream.finished
 
     async def next(self, timeout: float | None = None) -> RequestOutput | None:
         """The next output; None if `timeout` passed first; ClientGone if the client left."""
-        getter = asyncio.ensure_future(self._queue.get())
+        getter = asyncio.ensure_future(self.stream.get())
         gone = asyncio.ensure_future(self.watch.gone.wait())
         try:
             await asyncio.wait({getter, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -75,23 +64,15 @@ class OutputStream:
             if not getter.done():
                 getter.cancel()
         if getter.done() and not getter.cancelled():
-            item = getter.result()
-        elif self.watch.gone.is_set():
+            return getter.result()
+        if self.watch.gone.is_set():
             raise ClientGone()
-        else:
-            return None
-        if isinstance(item, BaseException):
-            self.done = True
-            raise item
-        self.done = item.finished
-        return item
+        return None
 
     async def close(self) -> None:
         """Stop the engine request if it is still running (frees its blocks) and stop watching the client."""
         self.watch.stop()
-        if not self._task.done():
-            self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        self.stream.close()
 
 
 def sse(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:

@@ -6,7 +6,6 @@ from hafiza.store.cost import CostModel, LoadDecision
 from hafiza.store.disk import DiskStore
 from hafiza.store.keys import block_key
 from hafiza.store.memory import MemoryStore
-from hafiza.store.metrics import StoreCollector, register_store_metrics
 from hafiza.store.redis_store import RedisStore
 from hafiza.store.stats import LatencyHistogram, StoreStats
 from hafiza.store.tiered import PrefixLookup, TieredStore
@@ -20,7 +19,6 @@ __all__ = [
     "MemoryStore",
     "PrefixLookup",
     "RedisStore",
-    "StoreCollector",
     "StoreStats",
     "TieredStore",
     "block_key",
@@ -28,5 +26,4 @@ __all__ = [
     "parse_disk_spec",
     "parse_redis_url",
     "parse_size",
-    "register_store_metrics",
 ]

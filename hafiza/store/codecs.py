@@ -1,4 +1,4 @@
-"""Which lossless codec KV blocks are stored with (`--store-codec`), through `hafiza.codec`'s public API.
+"""Which lossless codec KV blocks are stored with (the store codec setting), through `hafiza.codec`'s public API.
 
 A stored block is one pool block [layers, 2, block_size, kv_heads, head_dim], handed to the codec as
 [block_size, layers * 2 * kv_heads * head_dim]: one chunk of `block_size` tokens whose channels are every
@@ -18,20 +18,21 @@ from collections.abc import Iterable
 import torch
 
 from hafiza.codec import CodecContext, decode, encode
-from hafiza.errors import HafizaError
+from hafiza.errors import ConfigError
 
 STORE_CODECS: tuple[str, ...] = ("raw", "zstd", "planes", "exponent", "predictive")
 DEFAULT_STORE_CODEC = "zstd"
 
 
-class StoreCodecError(HafizaError, ValueError):
-    """An unknown `--store-codec` name."""
+class StoreCodecError(ConfigError):
+    """An unknown store codec name (setting "store_codec")."""
 
 
 def check_codec(name: str) -> str:
     """The codec name if the store knows it; a clear error listing the choices otherwise."""
     if name not in STORE_CODECS:
-        raise StoreCodecError(f"--store-codec {name!r}: choose one of {', '.join(STORE_CODECS)}")
+        raise StoreCodecError(f"unknown codec {name!r}: choose one of {', '.join(STORE_CODECS)}",
+                              setting="store_codec")
     return name
 
 

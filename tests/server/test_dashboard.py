@@ -19,12 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hafiza.cli.store import StoreOptions, connect_store
 from hafiza.engine import EngineConfig, LLMEngine
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name
-from hafiza.store.serving import StoreOptions, attach_store
+from hafiza.server.store import serve_store
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -39,12 +40,16 @@ class Site:
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = served_name(model)
-        self.aengine = AsyncEngine(LLMEngine(model, EngineConfig(kv_memory="48MiB"))).start()
+        engine = LLMEngine(model, EngineConfig(kv_memory="48MiB"))
+        self.connector = connect_store(engine, StoreOptions(ram="32MiB"))
+        self.aengine = AsyncEngine(engine)
         open_app = create_app(self.aengine, ServerSettings(model_name=self.model, min_cache_tokens=32))
-        self.connector = attach_store(self.aengine, open_app, StoreOptions(ram="32MiB"))
+        keyed_app = create_app(self.aengine, ServerSettings(model_name=self.model, api_key=KEY, admin_key=ADMIN))
+        for app in (open_app, keyed_app):
+            serve_store(app, self.connector)
+        self.aengine.start()
         self.open = ServerThread(open_app).start()
-        keyed = ServerSettings(model_name=self.model, api_key=KEY, admin_key=ADMIN)
-        self.keyed = ServerThread(create_app(self.aengine, keyed)).start()
+        self.keyed = ServerThread(keyed_app).start()
 
     def ask(self, system: str, question: str, max_tokens: int = 4) -> dict:
         """One Anthropic request with a cache breakpoint on `system`; returns its usage."""

@@ -134,7 +134,7 @@ def test_a_full_queue_answers_at_once_with_retry_after(queued: Queued, api: str)
         assert isinstance(err, anthropic.OverloadedError), err
         assert err.status_code == 529 and err.body["error"]["type"] == "overloaded_error"
     assert int(err.response.headers["retry-after"]) >= 1
-    assert "1 requests already wait for admission, the limit is 1 (--max-waiting)" in err.message
+    assert "1 requests already wait for admission, the limit is 1" in err.message
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
@@ -160,7 +160,7 @@ def test_a_request_waiting_past_the_queue_time_limit_is_refused(queued: Queued, 
     assert isinstance(err, anthropic.OverloadedError if api == "anthropic" else openai.RateLimitError), err
     assert err.status_code == (529 if api == "anthropic" else 429)
     assert err.response.headers["retry-after"] == "1"
-    assert "without being scheduled, the limit is 0.5 s (--max-queue-time)" in err.message
+    assert "without being scheduled, the limit is 0.5 s" in err.message
     after = httpx.get(f"{queued.url}/metrics", timeout=120).text
     status = "529" if api == "anthropic" else "429"
     assert value(after, "request_errors_total", api=api, status=status) == value(

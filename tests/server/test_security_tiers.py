@@ -10,13 +10,14 @@ import httpx
 import pytest
 import redis
 
+from hafiza.cli.store import StoreOptions, connect_store
 from hafiza.engine import EngineConfig, LLMEngine
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name
+from hafiza.server.store import serve_store
 from hafiza.store.connector import StoreConnector
-from hafiza.store.serving import StoreOptions, attach_store
 from tests.server.conftest import long_text
 from tests.support.redis_server import RedisServer, redis_available
 
@@ -60,11 +61,15 @@ def site(default_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -
     if not redis_available():
         pytest.skip("redis-server is not installed")
     server = RedisServer(tmp_path_factory.mktemp("redis-security")).start()
-    aengine = AsyncEngine(LLMEngine(default_model, EngineConfig(kv_memory="64MiB", kv_dtype="model"))).start()
+    engine = LLMEngine(default_model, EngineConfig(kv_memory="64MiB", kv_dtype="model"))
+    connector = connect_store(engine, StoreOptions(redis=server.url))
+    aengine = AsyncEngine(engine)
     model = served_name(default_model)
     open_app = create_app(aengine, ServerSettings(model_name=model))
-    connector = attach_store(aengine, open_app, StoreOptions(redis=server.url))
     keyed_app = create_app(aengine, ServerSettings(model_name=model, api_keys=(ALICE, BOB), admin_key="tier-admin"))
+    for app in (open_app, keyed_app):
+        serve_store(app, connector)
+    aengine.start()
     threads = [ServerThread(open_app).start(), ServerThread(keyed_app).start()]
     client = redis.Redis.from_url(server.url)
     yield Site(model, threads[0], threads[1], connector, client)

@@ -22,7 +22,7 @@ from hafiza.models import LoadedModel
 from hafiza.store.connector import StoreConnector
 from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
-from hafiza.store.metrics import register_store_metrics
+from hafiza.server.store_metrics import register_store_metrics
 from hafiza.store.redis_store import RedisStore
 from hafiza.store.tiered import TieredStore
 from tests.support.redis_server import RedisServer

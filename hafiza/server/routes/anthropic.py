@@ -12,16 +12,15 @@ from fastapi.responses import JSONResponse, Response
 from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_anthropic_key
 from hafiza.server.body import check_message_count, parse_json, read_body, validate
-from hafiza.server.chat import read_all
 from hafiza.server.choices import Choices
 from hafiza.server.convert import anthropic_conversation, anthropic_tools
-from hafiza.server.generation import Generation, start_stream
+from hafiza.server.generation import Generation, begin
 from hafiza.server.messages import content_blocks, message, message_events, stop_reason
 from hafiza.server.offload import off_loop
 from hafiza.server.prompt import Prompt, build_prompt
 from hafiza.server.schemas.anthropic import CountTokensRequest, MessagesRequest
 from hafiza.server.state import ServerState, server_state
-from hafiza.server.streaming import ClientGone, SSEResponse
+from hafiza.server.streaming import SSEResponse
 from hafiza.server.structured import tool_grammar
 from hafiza.server.tools.formats import tool_format
 from hafiza.server.tools.reply import ToolUse
@@ -30,6 +29,8 @@ from hafiza.server.usage import CacheUsage, anthropic_usage, counted_breakpoints
 API = "anthropic"
 log = logging.getLogger("hafiza.server")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "stop_sequence": "stop_sequence", "abort": "end_turn"}
+FIELDS = {"stop": "stop_sequences"}  # engine field -> this API's, for a 400's param
+ID_HEADER = "request-id"
 
 router = APIRouter(dependencies=[Depends(require_anthropic_key)])
 
@@ -79,35 +80,24 @@ async def messages(request: Request, state: ServerState = Depends(server_state))
                             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
                             stop=list(req.stop_sequences or []),
                             grammar=tool_grammar(tool_use.tools, tool_use.choice, tool_use.fmt))
-    state.check_request(prompt.ids, params)
     counted = counted_breakpoints(prompt.breakpoints, state.settings.min_cache_tokens)
     gen = Generation(state, API, request, prompt, params, f"msg_{uuid.uuid4().hex[:24]}", pins_for(counted),
                      ignored_breakpoints=len(prompt.breakpoints) - len(counted),
-                     cache_salt=request_partition(request, req.cache_salt))
+                     cache_salt=request_partition(request, req.cache_salt), fields=FIELDS)
     choices = Choices(1, lambda: tool_use.reader(state.tokenizer))
-    try:
-        first = await start_stream(gen)
-        if not req.stream:
-            try:
-                await read_all(gen, choices)
-            finally:
-                await gen.close()
-    except ClientGone:
+    started = await begin([(gen, choices)], bool(req.stream))
+    if started is None:
         return Response(status_code=499)
+    (first,) = started
     usage = anthropic_usage(len(prompt.ids), first.num_cached_tokens, counted, state.block_size)
     state.metrics.record_usage(API, usage)
     if req.stream:
         events = message_events(gen, choices, req.model, req.max_tokens, usage_json(usage, 0), usage_json(usage, 0),
                                 state.settings.ping_interval_s, eager_text=not tool_use.reader(state.tokenizer).active)
-        return SSEResponse(events, headers=_headers(gen), on_close=gen.close)
+        return SSEResponse(events, headers=gen.headers(ID_HEADER), on_close=gen.close)
     (choice,) = choices.items
     body = message(gen.request_id, req.model, content_blocks(choice, req.max_tokens),
                    usage_json(usage, choices.output_tokens))
     body["stop_reason"] = stop_reason(choice)
     body["stop_sequence"] = choice.stop_sequence
-    return JSONResponse(body, headers=_headers(gen))
-
-
-def _headers(gen: Generation) -> dict[str, str]:
-    assert gen.explanation is not None
-    return {"x-hafiza-cache": gen.explanation.header(), "request-id": gen.request_id}
+    return JSONResponse(body, headers=gen.headers(ID_HEADER))

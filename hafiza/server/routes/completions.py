@@ -3,7 +3,6 @@ for lm-eval's `local-completions` loglikelihood tasks; caching is the same autom
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -19,7 +18,7 @@ from hafiza.server.body import parse_json, read_body, validate
 from hafiza.server.chat import FINISH_REASONS, sampling
 from hafiza.server.choices import Choice, Choices
 from hafiza.server.errors import ApiError
-from hafiza.server.generation import Generation, start_stream
+from hafiza.server.generation import Generation, begin, close_all
 from hafiza.server.logprobs import CompletionLogprobs, TokenNames
 from hafiza.server.offload import off_loop
 from hafiza.server.prompt import Conversation, Prompt
@@ -114,37 +113,26 @@ async def completions(request: Request, state: ServerState = Depends(server_stat
     for k, prompt in enumerate(prompts):
         params = sampling(req, req.max_tokens if req.max_tokens is not None else 16, state.tokenizer.vocab_size,
                           req.logprobs, None, echo_lp)
-        state.check_request(prompt.ids, params)
         gen = Generation(state, API, request, prompt, params, f"{rid}-{k}" if len(prompts) > 1 else rid,
                          cache_salt=request_partition(request, req.cache_salt))
         reader = lambda: ReplyReader(state.tokenizer, GENERIC, [], ToolChoice("none"))  # noqa: E731
         runs.append(Run(prompt, gen, Choices(params.n, reader)))
-    try:
-        firsts = await asyncio.gather(*(start_stream(r.gen) for r in runs))
-    except BaseException:
-        await asyncio.gather(*(r.gen.close() for r in runs), return_exceptions=True)
-        raise
+    firsts = await begin([(r.gen, r.choices) for r in runs], bool(req.stream))
+    if firsts is None:
+        return Response(status_code=499)
     for r, first in zip(runs, firsts, strict=True):
         r.usage, r.first = openai_usage(len(r.prompt.ids), first.num_cached_tokens), first
         state.metrics.record_usage(API, r.usage)
     created = int(time.time())
-    headers = {"x-hafiza-cache": runs[0].gen.explanation.header() if runs[0].gen.explanation else "",
-               "x-request-id": rid}
+    headers = {**runs[0].gen.headers("x-request-id"), "x-request-id": rid}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        async def close_all() -> None:
-            await asyncio.gather(*(r.gen.close() for r in runs), return_exceptions=True)
+        async def close_runs() -> None:
+            await close_all([r.gen for r in runs])
 
         return SSEResponse(_chunks(runs, req, rid, created, include_usage, state), headers=headers,
-                           on_close=close_all)
-    try:
-        for r in runs:
-            await _read(r)
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        await asyncio.gather(*(r.gen.close() for r in runs), return_exceptions=True)
+                           on_close=close_runs)
     names = TokenNames(state.tokenizer)
     out_choices: list[Json] = []
     for k, r in enumerate(runs):
@@ -156,16 +144,6 @@ async def completions(request: Request, state: ServerState = Depends(server_stat
     return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": req.model,
                          "system_fingerprint": state.fingerprint, "choices": out_choices,
                          "usage": _usage(runs)}, headers=headers)
-
-
-async def _read(r: Run) -> None:
-    out = r.gen.last
-    while True:
-        if out is not None:
-            r.choices.feed(out)
-        if r.choices.done:
-            return
-        out = await r.gen.next()
 
 
 def _usage(runs: list[Run]) -> Json:

@@ -13,16 +13,16 @@ from fastapi.responses import JSONResponse, Response
 from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_openai_key
 from hafiza.server.body import check_message_count, parse_json, read_body, validate
-from hafiza.server.chat import chat_body, chat_chunks, chat_logprobs, read_all, sampling
+from hafiza.server.chat import chat_body, chat_chunks, chat_logprobs, sampling
 from hafiza.server.choices import Choices
 from hafiza.server.convert import openai_conversation, openai_tools
 from hafiza.server.errors import ApiError
-from hafiza.server.generation import Generation, start_stream
+from hafiza.server.generation import Generation, begin
 from hafiza.server.offload import off_loop
 from hafiza.server.prompt import Prompt, build_prompt
 from hafiza.server.schemas.openai import ChatCompletionRequest
 from hafiza.server.state import ServerState, server_state
-from hafiza.server.streaming import ClientGone, SSEResponse
+from hafiza.server.streaming import SSEResponse
 from hafiza.server.structured import pick_grammar, response_format_grammar, tool_grammar
 from hafiza.server.tools.formats import tool_format
 from hafiza.server.tools.reply import ToolUse
@@ -31,6 +31,8 @@ from hafiza.server.usage import CacheUsage, openai_usage
 API = "openai"
 log = logging.getLogger("hafiza.server")
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "abort": "stop"}
+FIELDS = {"logprobs": "top_logprobs"}  # engine field -> this API's, for a 400's param
+ID_HEADER = "x-request-id"
 
 router = APIRouter(dependencies=[Depends(require_openai_key)])
 
@@ -80,30 +82,19 @@ async def chat_completions(request: Request, state: ServerState = Depends(server
     raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
     req, prompt, tool_use = await off_loop(_prepare, raw, state)
     params = sampling_params(req, len(prompt.ids), state, tool_use)
-    state.check_request(prompt.ids, params)
     gen = Generation(state, API, request, prompt, params, f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                     cache_salt=request_partition(request, req.cache_salt))
+                     cache_salt=request_partition(request, req.cache_salt), fields=FIELDS)
     choices = Choices(params.n, lambda: tool_use.reader(state.tokenizer))
-    try:
-        first = await start_stream(gen)
-        if not req.stream:
-            try:
-                await read_all(gen, choices)
-            finally:
-                await gen.close()
-    except ClientGone:
+    started = await begin([(gen, choices)], bool(req.stream))
+    if started is None:
         return Response(status_code=499)
+    (first,) = started
     created = int(time.time())
     usage = openai_usage(len(prompt.ids), first.num_cached_tokens)
     state.metrics.record_usage(API, usage)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return SSEResponse(chat_chunks(gen, choices, req, created, lambda n: usage_json(usage, n), include_usage,
-                                       state), headers=_headers(gen), on_close=gen.close)
+                                       state), headers=gen.headers(ID_HEADER), on_close=gen.close)
     body_out = chat_body(gen, choices, req, created, usage_json(usage, choices.output_tokens), state)
-    return JSONResponse(body_out, headers=_headers(gen))
-
-
-def _headers(gen: Generation) -> dict[str, str]:
-    assert gen.explanation is not None
-    return {"x-hafiza-cache": gen.explanation.header(), "x-request-id": gen.request_id}
+    return JSONResponse(body_out, headers=gen.headers(ID_HEADER))

@@ -22,11 +22,11 @@ from fastapi.responses import JSONResponse, Response
 
 from hafiza.server.auth import request_partition, require_openai_key
 from hafiza.server.body import parse_json, read_body, validate
-from hafiza.server.chat import read_all, sampling
+from hafiza.server.chat import sampling
 from hafiza.server.choices import Choice, Choices
 from hafiza.server.convert import openai_conversation
 from hafiza.server.errors import ApiError
-from hafiza.server.generation import Generation, start_stream
+from hafiza.server.generation import Generation, begin
 from hafiza.server.logprobs import TokenNames, chat_entry
 from hafiza.server.offload import off_loop
 from hafiza.server.prompt import Prompt, build_prompt
@@ -55,6 +55,7 @@ from hafiza.server.tools.spec import ToolChoice, ToolDef, check_tools
 from hafiza.server.usage import CacheUsage, openai_usage
 
 API = "openai"
+FIELDS = {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}  # engine field -> this API's
 log = logging.getLogger("hafiza.server")
 STORE_CAPACITY = 1024
 Json = dict[str, object]
@@ -202,23 +203,18 @@ async def create_response(request: Request, state: ServerState = Depends(server_
     logprobs = req.top_logprobs if req.include and "message.output_text.logprobs" in req.include else None
     fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
     params = sampling(fields, limit, state.tokenizer.vocab_size, logprobs, grammar)
-    state.check_request(p.prompt.ids, params)
     partition = request_partition(request, req.cache_salt)
-    gen = Generation(state, API, request, p.prompt, params, f"resp_{uuid.uuid4().hex[:24]}", cache_salt=partition)
+    gen = Generation(state, API, request, p.prompt, params, f"resp_{uuid.uuid4().hex[:24]}", cache_salt=partition,
+                     fields=FIELDS)
     choices = Choices(1, lambda: p.tool_use.reader(state.tokenizer))
-    try:
-        first = await start_stream(gen)
-        if not req.stream:
-            try:
-                await read_all(gen, choices)
-            finally:
-                await gen.close()
-    except ClientGone:
+    started = await begin([(gen, choices)], bool(req.stream))
+    if started is None:
         return Response(status_code=499)
+    (first,) = started
     usage = openai_usage(len(p.prompt.ids), first.num_cached_tokens)
     state.metrics.record_usage(API, usage)
     shell = _shell(gen.request_id, req, prev_id)
-    headers = {"x-hafiza-cache": gen.explanation.header() if gen.explanation else "", "x-request-id": gen.request_id}
+    headers = gen.headers("x-request-id")
     names = TokenNames(state.tokenizer)
 
     def finish(choice: Choice, output: list[Json]) -> Json:

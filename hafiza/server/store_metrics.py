@@ -1,4 +1,5 @@
-"""Prometheus export of the tier stack: a Collector that reads `TieredStore.stats()` at scrape time."""
+"""Prometheus export of the KV store: the tier stack's collector (reads `TieredStore.stats()` at scrape time) and
+the connector's own counters, on the server's registry."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from hafiza.store.connector import StoreConnector
 from hafiza.store.tiered import TieredStats, TieredStore
 
 _COUNTERS = (
@@ -105,3 +107,35 @@ def register_store_metrics(registry: CollectorRegistry, store: TieredStore) -> S
     collector = StoreCollector(store)
     registry.register(collector)
     return collector
+
+
+class ConnectorCollector(Collector):
+    """The connector's own counters: saves skipped or dropped, blocks loaded, corrupt blocks, decisions."""
+
+    def __init__(self, connector: StoreConnector) -> None:
+        self.connector = connector
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.connector.stats
+        for name, doc, value in (
+            ("store_saves", "Full blocks handed to the store connector.", s.saves),
+            ("store_saves_skipped", "Blocks not written: every tier already held them.", s.saves_skipped),
+            ("store_saves_dropped", "Blocks not written: the encoder queue was full.", s.saves_dropped),
+            ("store_encode_errors", "Blocks the codec failed to encode.", s.encode_errors),
+            ("store_lookup_errors", "Admission lookups that failed inside the store (answered as misses).",
+             s.lookup_errors),
+            ("store_blocks_loaded", "Blocks loaded from the tiers into the pool.", s.blocks_loaded),
+            ("store_blocks_corrupt", "Loaded blocks that failed the codec's checks (dropped, recomputed).",
+             s.blocks_corrupt),
+        ):
+            c = CounterMetricFamily(f"hafiza:{name}", doc)
+            c.add_metric([], value)
+            yield c
+        decisions = CounterMetricFamily("hafiza:store_decisions", "Admission lookups by outcome.",
+                                        labels=["decision"])
+        for decision, count in s.decisions.items():
+            decisions.add_metric([decision], count)
+        yield decisions
+        pending = GaugeMetricFamily("hafiza:store_encode_queue_bytes", "Raw block bytes waiting for the encoder.")
+        pending.add_metric([], s.pending_bytes)
+        yield pending

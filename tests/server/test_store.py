@@ -1,4 +1,4 @@
-"""`hafiza serve --store-*` option checks and the `x-hafiza-tiers` header value."""
+"""`hafiza serve --store-*` option checks, the `x-hafiza-tiers` header value, and a running app with a store."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hafiza.cli.store import StoreOptions, connect_store
 from hafiza.engine import EngineConfig, LLMEngine, RequestOutput
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread
-from hafiza.store.serving import StoreOptions, attach_store, tiers_header
+from hafiza.server.store import serve_store
+from hafiza.server.tiers import tiers_header
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--store-codec", "gzip"], "--store-codec 'gzip': choose one of raw, zstd, planes, exponent, predictive"),
+    (["--store-codec", "gzip"], "--store-codec: unknown codec 'gzip': choose one of raw, zstd, planes, exponent, "
+                                "predictive"),
     (["--store-disk", "/tmp/x", "--store-write-back"], "--store-write-back needs --store-ram"),
     (["--store-ram", "lots"], "cannot read size 'lots'"),
     (["--store-redis", "http://h:1"], "scheme must be redis://"),
@@ -56,9 +59,12 @@ def test_header_metrics_and_shutdown_flush_in_a_running_app(tiny_llama: LoadedMo
             "messages": [{"role": "user", "content": " ".join(["memory"] * 120)}]}
     runs = []
     for _ in range(2):
-        aengine = AsyncEngine(LLMEngine(tiny_llama, EngineConfig(kv_memory="8MiB"))).start()
+        engine = LLMEngine(tiny_llama, EngineConfig(kv_memory="8MiB"))
+        connector = connect_store(engine, StoreOptions(ram="16MiB", disk=str(tmp_path / "kv")))
+        aengine = AsyncEngine(engine)
         app = create_app(aengine, ServerSettings(model_name="tiny"))
-        connector = attach_store(aengine, app, StoreOptions(ram="16MiB", disk=str(tmp_path / "kv")))
+        serve_store(app, connector)
+        aengine.start()
         server = ServerThread(app).start()
         caplog.clear()
         try:
