@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry
 from hafiza.cache.hashing import chain_hashes
 from hafiza.engine import LLMEngine, RequestOutput
 from hafiza.models import LoadedModel
+from hafiza.server.store_metrics import register_store_metrics
 from hafiza.store.connector import StoreConnector
 from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
-from hafiza.server.store_metrics import register_store_metrics
 from hafiza.store.redis_store import RedisStore
 from hafiza.store.tiered import TieredStore
 from tests.support.redis_server import RedisServer
