@@ -1,27 +1,75 @@
 """KVConnector: how the engine reaches KV tiers below its working pool (host RAM, disk, Redis).
 
 The engine calls `save` once for every block that becomes full (write-through, so another instance can hit it
-at once), and on admission asks `lookup` how many blocks past its own prefix hit a tier can supply, then `load`s
-them into freshly allocated blocks. Implementations keep the engine thread's share of the work small (copy
-the block out, queue the rest) and never raise into the engine: a failed load just means recompute.
+at once). On admission it asks `lookup` which blocks past its own prefix a tier can supply (a `TierHit`), and
+hands that same `TierHit` to `load` with freshly allocated blocks; `load` says what arrived (a `TierLoad`). The
+two calls are paired by that value, not by state kept in the connector. Implementations keep the engine
+thread's share of the work small (copy the block out, queue the rest) and never raise into the engine: a failed
+load just means recompute.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass
-class ExternalHit:
-    """What the tiers can supply: `num_blocks` consecutive blocks, whether loading beats recomputing, why,
-    and how many blocks each tier supplied."""
+@dataclass(frozen=True)
+class TierHit:
+    """What `lookup` found: the leading `hashes` some tier holds, `sources[i]` the tier holding block i, whether
+    loading them beats recomputing (`load`) and why (`reason`, starting "load:", "recompute:" or "miss:")."""
 
-    num_blocks: int = 0
+    hashes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
     load: bool = False
     reason: str = ""
-    per_tier: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def decision(self) -> str:
+        """"load", "recompute" (the tiers hold blocks, recomputing them is faster) or "miss" (they hold none)."""
+        return "load" if self.load else "recompute" if self.hashes else "miss"
+
+
+@dataclass(frozen=True)
+class TierLoad:
+    """What `load` wrote into the pool: the hit's first `num_blocks` blocks, `sources[i]` the tier block i came
+    from; `note` says why fewer blocks arrived than the hit promised (empty when all did)."""
+
+    sources: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.sources)
+
+
+@dataclass(frozen=True)
+class TierOutcome:
+    """How a request's first admission found its prompt's K/V, kept on its Sequence for the request's output (the
+    `x-hafiza-tiers` header, usage's cached tokens).
+
+    `pool_tokens` came from the working pool's prefix cache; `loaded_tokens` (`loaded_blocks` blocks) were loaded
+    from the tiers below it, `per_tier` maps a tier's name to the tokens it supplied. `decision` is the tiers'
+    answer: "load", "recompute" (they hold more blocks but recomputing them is faster), "miss" (they hold none of
+    the next blocks) or "none" (they were not asked). `reason` is the cost model's explanation, or for "none" why
+    the tiers were not asked."""
+
+    decision: str = "none"
+    reason: str = ""
+    pool_tokens: int = 0
+    loaded_blocks: int = 0
+    loaded_tokens: int = 0
+    per_tier: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose K/V was not computed for this request (pool plus tiers)."""
+        return self.pool_tokens + self.loaded_tokens
 
 
 class KVConnector(ABC):
@@ -32,13 +80,13 @@ class KVConnector(ABC):
         """A block just became full and cached in the pool under `block_hash`: write it down the tiers."""
 
     @abstractmethod
-    def lookup(self, hashes: Sequence[str]) -> ExternalHit:
+    def lookup(self, hashes: Sequence[str]) -> TierHit:
         """How many leading blocks of `hashes` the tiers hold, and whether loading them beats recompute."""
 
     @abstractmethod
-    def load(self, hashes: Sequence[str], block_ids: Sequence[int]) -> int:
-        """Fill pool blocks `block_ids` with the blocks named by `hashes`; returns how many leading blocks
-        were loaded and verified (the rest are recomputed)."""
+    def load(self, hit: TierHit, block_ids: Sequence[int]) -> TierLoad:
+        """Fill pool blocks `block_ids` with the first `len(block_ids)` blocks of `hit` (from this connector's
+        `lookup`); says how many leading blocks were loaded and verified (the rest are recomputed)."""
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:  # noqa: B027 - optional hook
         """Measured prefill speed, for the load-versus-recompute cost model."""
