@@ -5,6 +5,11 @@ contents and hash, reusable by a prefix hit until evicted) or *in use* (ref_coun
 sit in the free queue, whose order is the eviction (LRU) order. A pinned block (an API cache breakpoint with a
 TTL) is cached or in use; while its pin lasts it waits in a second queue that is only evicted from when no
 unpinned block is left — so a running request never deadlocks on pins, and the eviction is counted.
+
+A cached block knows its place in its prefix chain (`parent`: the previous block's hash, `position`: its block
+index), so the cached prefixes can be listed from the pool alone (`chains`). Admission is `match_prefix` (a
+`PrefixMatch`, no side effects) then `admit` (an `Allocation`, or None when it does not fit); the block manager
+counts its own prefix-cache queries and hits there and in `cache_loaded`.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 log = logging.getLogger("hafiza.cache")
 
@@ -33,6 +39,49 @@ class Block:
     token_ids: tuple[int, ...] = ()
     pin_expiry: float = 0.0
     pin_ttl: float = 0.0
+    parent: str | None = None
+    position: int = 0
+    uses: int = 0
+    last_used: float = 0.0
+
+    @property
+    def cached(self) -> bool:
+        """Holds registered content (hash set): a prefix hit may reuse it until it is evicted."""
+        return self.hash is not None
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The pool's cached prefix of a prompt: `block_ids` hold its first blocks, in order; `num_unheld` of them no
+    request holds (they sit in a free queue, so taking them uses allocatable blocks)."""
+
+    block_ids: tuple[int, ...] = ()
+    num_unheld: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Blocks an admission took: the prefix hit's `hit` blocks (one reference each), then `fresh` ones."""
+
+    hit: tuple[int, ...]
+    fresh: tuple[int, ...]
+
+    @property
+    def block_ids(self) -> list[int]:
+        return [*self.hit, *self.fresh]
+
+
+class ChainLink(NamedTuple):
+    """One cached block as a chain sees it: its id and hash, its parent's hash and its position."""
+
+    block_id: int
+    hash: str
+    parent: str | None
+    position: int
 
 
 @dataclass
@@ -82,10 +131,14 @@ class BlockManager:
         """Blocks an allocation may take: free and cached ones (pinned cached ones as a last resort)."""
         return len(self.free_queue) + len(self.free_pinned)
 
-    def match_prefix(self, token_ids: Sequence[int], hashes: Sequence[str], count: bool = True) -> list[int]:
-        """Blocks holding the longest cached prefix of `token_ids`, verified token by token, capped so that at
-        least the last prompt token is recomputed (its logits are needed). Takes no references."""
+    def match_prefix(self, token_ids: Sequence[int], hashes: Sequence[str],
+                     max_blocks: int | None = None) -> PrefixMatch:
+        """The longest cached prefix of `token_ids` (at most `max_blocks` blocks), verified token by token, capped
+        so that at least the last prompt token is recomputed (its logits are needed). Changes nothing: no
+        references, no counts (`admit` takes and counts it)."""
         limit = min(len(hashes), (len(token_ids) - 1) // self.block_size)
+        if max_blocks is not None:
+            limit = min(limit, max_blocks)
         hit: list[int] = []
         bs = self.block_size
         for i in range(limit):
@@ -93,10 +146,23 @@ class BlockManager:
             if bid is None or self.blocks[bid].token_ids != tuple(token_ids[i * bs : (i + 1) * bs]):
                 break
             hit.append(bid)
-        if count:
-            self.prefix_cache_queries += len(token_ids)
-            self.prefix_cache_hits += len(hit) * bs
-        return hit
+        return PrefixMatch(tuple(hit), sum(1 for b in hit if self.blocks[b].ref_count == 0))
+
+    def admit(self, match: PrefixMatch, num_fresh: int, num_query_tokens: int) -> Allocation | None:
+        """Take a reference on each block of `match` (from `match_prefix`, unchanged since) and `num_fresh` fresh
+        blocks; None, changing and counting nothing, when they do not fit. Counts `num_query_tokens` prompt
+        tokens looked up (0 when prefix caching is off) and the match's tokens as hits."""
+        if num_fresh > self.num_allocatable() - match.num_unheld:
+            return None
+        now = self.clock()
+        self.acquire(match.block_ids)
+        for bid in match.block_ids:
+            self.blocks[bid].uses += 1
+            self.blocks[bid].last_used = now
+        fresh = self.allocate(num_fresh)
+        self.prefix_cache_queries += num_query_tokens
+        self.prefix_cache_hits += match.num_blocks * self.block_size
+        return Allocation(match.block_ids, tuple(fresh))
 
     def acquire(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cached blocks (a prefix hit); a hit refreshes the blocks' pin TTLs."""
@@ -134,15 +200,49 @@ class BlockManager:
         if self.hash_to_block.get(block.hash or "") == block.block_id:
             del self.hash_to_block[block.hash]  # type: ignore[arg-type]
         block.hash, block.token_ids, block.pin_expiry, block.pin_ttl = None, (), 0.0, 0.0
+        block.parent, block.position, block.uses, block.last_used = None, 0, 0, 0.0
         self.evictions += 1
 
-    def cache_block(self, block_id: int, block_hash: str, token_ids: Sequence[int]) -> None:
-        """Register a now-full block under its chained hash so later requests can hit it."""
+    def cache_block(self, block_id: int, block_hash: str, token_ids: Sequence[int], parent: str | None = None,
+                    position: int = 0) -> bool:
+        """Register a now-full block under its chained hash so later requests can hit it; `parent` is the hash
+        of the block before it in its chain (None for a chain's first block, at `position` 0). Returns whether it
+        was registered: an already cached block, or content another block already holds (computed twice
+        concurrently: the first is kept and counted as used once more), is not."""
+        if (parent is None) != (position == 0):
+            raise ValueError(f"a chain's block at position {position} needs a parent hash exactly when position > 0")
         block = self.blocks[block_id]
-        if block.hash is not None or block_hash in self.hash_to_block:
-            return  # already cached, or the same content computed twice concurrently: keep the first
-        block.hash, block.token_ids = block_hash, tuple(token_ids)
+        if block.hash is not None:
+            return False
+        now = self.clock()
+        if block_hash in self.hash_to_block:
+            kept = self.blocks[self.hash_to_block[block_hash]]
+            kept.uses, kept.last_used = kept.uses + 1, now
+            return False
+        block.hash, block.token_ids, block.parent, block.position = block_hash, tuple(token_ids), parent, position
+        block.uses, block.last_used = 1, now
         self.hash_to_block[block_hash] = block_id
+        return True
+
+    def cache_chain(self, block_ids: Sequence[int], hashes: Sequence[str], token_ids: Sequence[int], start: int,
+                    end: int) -> int:
+        """Register the full blocks `start`..`end - 1` of one chain: block i holds
+        `token_ids[i * block_size : (i + 1) * block_size]` in `block_ids[i]` under `hashes[i]`. Returns how many
+        were registered."""
+        bs = self.block_size
+        return sum(self.cache_block(block_ids[i], hashes[i], token_ids[i * bs : (i + 1) * bs],
+                                    hashes[i - 1] if i else None, i) for i in range(start, end))
+
+    def cache_loaded(self, block_ids: Sequence[int], hashes: Sequence[str], token_ids: Sequence[int], start: int,
+                     end: int) -> None:
+        """`cache_chain` for blocks a tier below the pool just filled: their tokens count as prefix-cache hits
+        (the request did not compute them)."""
+        self.cache_chain(block_ids, hashes, token_ids, start, end)
+        self.prefix_cache_hits += (end - start) * self.block_size
+
+    def chains(self) -> list[ChainLink]:
+        """Every cached block with its chain link, by block id."""
+        return [ChainLink(b.block_id, b.hash, b.parent, b.position) for b in self.blocks if b.hash is not None]
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference per block, tail first, so a sequence's last blocks are evicted before its head."""
@@ -152,6 +252,8 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count < 0:
                 raise AssertionError(f"block {bid} freed more often than acquired")
+            if block.hash is not None:
+                block.last_used = now
             if block.ref_count > 0:
                 continue
             if block.hash is None:
@@ -229,7 +331,7 @@ class BlockManager:
 
     def check_integrity(self) -> None:
         """Assert the invariants: states partition the pool, ref_count 0 ⇔ queued, pinned ⊆ cached/in use,
-        the hash map and the blocks agree."""
+        the hash map and the blocks agree, chain links are consistent, the counters are ordered."""
         queued = set(self.free_queue)
         pinned_q = set(self.free_pinned)
         assert not queued & pinned_q, "a block is in both free queues"
@@ -242,6 +344,17 @@ class BlockManager:
             if b.hash is not None:
                 assert self.hash_to_block.get(b.hash) == b.block_id, f"block {b.block_id} hash not in the map"
                 assert len(b.token_ids) == self.block_size, f"cached block {b.block_id} is not full"
+                assert (b.parent is None) == (b.position == 0), f"block {b.block_id}: parent {b.parent} at " \
+                                                                f"position {b.position}"
+                assert b.parent != b.hash, f"block {b.block_id} is its own parent"
+                assert b.uses >= 1, f"cached block {b.block_id} counts {b.uses} uses"
+                pid = self.hash_to_block.get(b.parent or "")
+                if pid is not None:
+                    parent = self.blocks[pid]
+                    assert parent.position == b.position - 1, \
+                        f"block {b.block_id} at position {b.position} has its parent {pid} at {parent.position}"
+            else:
+                assert (b.parent, b.position, b.uses) == (None, 0, 0), f"free block {b.block_id} keeps chain data"
             if b.block_id in pinned_q:
                 assert b.hash is not None, f"unhashed block {b.block_id} in the pinned queue"
             if b.pin_expiry > now:
@@ -255,3 +368,8 @@ class BlockManager:
         for h, bid in self.hash_to_block.items():
             assert self.blocks[bid].hash == h, f"hash map points {h} at block {bid} holding {self.blocks[bid].hash}"
         assert free + cached + in_use == self.num_blocks, "free + cached + in_use != total"
+        assert 0 <= self.prefix_cache_hits <= self.prefix_cache_queries, \
+            f"{self.prefix_cache_hits} prefix-cache hits for {self.prefix_cache_queries} queried tokens"
+        assert self.prefix_cache_hits % self.block_size == 0, f"{self.prefix_cache_hits} hit tokens: not whole blocks"
+        assert 0 <= self.pinned_evictions <= self.evictions, \
+            f"{self.pinned_evictions} pinned evictions of {self.evictions} evictions"

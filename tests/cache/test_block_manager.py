@@ -24,10 +24,13 @@ def fill(bm: BlockManager, tokens: list[int]) -> list[int]:
     """Allocate and cache blocks for `tokens` as the engine does after computing them."""
     hashes = chain_hashes(tokens, BS)
     blocks = bm.allocate(-(-len(tokens) // BS))
-    for i, h in enumerate(hashes):
-        bm.cache_block(blocks[i], h, tokens[i * BS : (i + 1) * BS])
+    bm.cache_chain(blocks, hashes, tokens, 0, len(hashes))
     bm.check_integrity()
     return blocks
+
+
+def hit(bm: BlockManager, tokens: list[int], hashes: list[str]) -> list[int]:
+    return list(bm.match_prefix(tokens, hashes).block_ids)
 
 
 def test_hit_reuses_blocks_and_is_capped_below_prompt_length() -> None:
@@ -38,9 +41,9 @@ def test_hit_reuses_blocks_and_is_capped_below_prompt_length() -> None:
     bm.check_integrity()
     assert bm.stats().cached == 3
     # the whole prompt is cached, but the last token must be recomputed: only 2 of 3 blocks hit
-    assert bm.match_prefix(tokens, chain_hashes(tokens, BS)) == blocks[:2]
+    assert hit(bm, tokens, chain_hashes(tokens, BS)) == blocks[:2]
     longer = [*tokens, 99]
-    assert bm.match_prefix(longer, chain_hashes(longer, BS)) == blocks[:3]
+    assert hit(bm, longer, chain_hashes(longer, BS)) == blocks[:3]
 
 
 def test_hit_is_verified_against_token_ids() -> None:
@@ -49,7 +52,7 @@ def test_hit_is_verified_against_token_ids() -> None:
     blocks = fill(bm, tokens)
     bm.free(blocks)
     forged = [100, 101, 102, 103, 4, 5, 6, 7, 8]
-    assert bm.match_prefix(forged, chain_hashes(tokens, BS)) == []
+    assert hit(bm, forged, chain_hashes(tokens, BS)) == []
 
 
 def test_lru_evicts_least_recently_used_and_tail_first() -> None:
@@ -61,7 +64,7 @@ def test_lru_evicts_least_recently_used_and_tail_first() -> None:
     new = bm.allocate(1)  # evicts the LRU block: a's tail (freed tail first)
     assert new == [a[1]]
     assert bm.stats().evictions == 1
-    assert bm.match_prefix([*range(8), 9], chain_hashes(list(range(8)), BS)) == [a[0]]
+    assert hit(bm, [*range(8), 9], chain_hashes(list(range(8)), BS)) == [a[0]]
     bm.check_integrity()
 
 
@@ -135,14 +138,15 @@ def test_invariants_hold_under_random_streams(stream: list[tuple[str, int, int]]
         if op == "admit":
             tokens = prefixes[which][: max(1, n)]
             hashes = chain_hashes(tokens, BS)
-            hit = bm.match_prefix(tokens, hashes)
-            reclaim = sum(1 for b in hit if bm.blocks[b].ref_count == 0)
-            need = -(-len(tokens) // BS) - len(hit)
-            if need <= bm.num_allocatable() - reclaim:
-                bm.acquire(hit)
-                blocks = hit + bm.allocate(need)
-                for i, h in enumerate(hashes):
-                    bm.cache_block(blocks[i], h, tokens[i * BS : (i + 1) * BS])
+            match = bm.match_prefix(tokens, hashes)
+            reclaim = sum(1 for b in match.block_ids if bm.blocks[b].ref_count == 0)
+            need = -(-len(tokens) // BS) - match.num_blocks
+            fits = need <= bm.num_allocatable() - reclaim
+            alloc = bm.admit(match, need, len(tokens))
+            assert (alloc is not None) == fits
+            if alloc is not None:
+                blocks = alloc.block_ids
+                bm.cache_chain(blocks, hashes, tokens, match.num_blocks, len(hashes))
                 live.append((tokens, blocks))
         elif op == "finish" and live:
             bm.free(live.pop(n % len(live))[1])
@@ -160,3 +164,34 @@ def test_invariants_hold_under_random_streams(stream: list[tuple[str, int, int]]
         bm.free(blocks)
     bm.check_integrity()
     assert bm.stats().in_use == 0
+
+
+def test_cached_blocks_link_to_their_parents_and_a_broken_link_is_caught() -> None:
+    bm = BlockManager(8, BS)
+    tokens = list(range(12))
+    blocks = fill(bm, tokens)
+    hashes = chain_hashes(tokens, BS)
+    links = sorted(bm.chains(), key=lambda link: link.position)
+    want = [(blocks[i], hashes[i], hashes[i - 1] if i else None, i) for i in range(3)]
+    assert [tuple(link) for link in links] == want
+    bm.blocks[blocks[2]].position = 5
+    with pytest.raises(AssertionError, match="at position 5 has its parent"):
+        bm.check_integrity()
+
+
+def test_admit_counts_queries_and_hits_only_when_it_fits() -> None:
+    bm = BlockManager(4, BS)
+    tokens = list(range(8))
+    bm.free(fill(bm, tokens))
+    longer = [*tokens, 50, 51, 52, 53, 54]
+    match = bm.match_prefix(longer, chain_hashes(longer, BS))
+    assert (match.num_blocks, match.num_unheld) == (2, 2)
+    assert bm.admit(match, 3, len(longer)) is None  # 2 allocatable blocks are left once the hit is taken
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (0, 0)
+    alloc = bm.admit(match, 2, len(longer))
+    assert alloc is not None and list(alloc.hit) == list(match.block_ids) and len(alloc.fresh) == 2
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (13, 8)
+    assert [bm.blocks[b].uses for b in alloc.hit] == [2, 2]
+    bm.cache_loaded(alloc.block_ids, chain_hashes(longer, BS), longer, 2, 3)
+    assert bm.prefix_cache_hits == 12 and bm.blocks[alloc.fresh[0]].parent == chain_hashes(longer, BS)[1]
+    bm.check_integrity()
