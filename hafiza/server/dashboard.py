@@ -68,21 +68,17 @@ class LiveRates:
 
 
 class Monitor:
-    """What the dashboard keeps per engine: the prefix index and the live rates (both fed by step listeners)."""
+    """What the dashboard keeps per engine: the prefix index (read from the block manager) and the live rates (fed
+    by a step listener)."""
 
     def __init__(self, aengine: AsyncEngine) -> None:
         self.engine = aengine.engine  # not the AsyncEngine: it keys the weak registry below
         self.prefixes = PrefixIndex(aengine.engine)
         self.rates = LiveRates()
-        aengine.step_listeners.append(self._observe)
-
-    def _observe(self, outputs: list[RequestOutput]) -> None:
-        self.prefixes.observe(outputs)
-        self.rates.observe(outputs)
+        aengine.step_listeners.append(self.rates.observe)
 
     def engine_state(self, engine: LLMEngine, limit: int) -> dict[str, Any]:
         """Everything read from the engine, in one engine-thread call."""
-        self.prefixes.observe([])
         s = engine.stats()
         b = s.blocks
         return {
