@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hafiza.cache.hashing import chain_hashes
+from hafiza.engine.connector import TierOutcome
 from hafiza.engine.output import TokenLogprob
 from hafiza.engine.sampling import SamplingParams
 
@@ -36,7 +37,12 @@ class Sequence:
     """One request. `num_computed` tokens have K/V in the pool; `token_ids` holds prompt then output.
 
     `block_logical[i]` is the logical block (position // block_size) that `block_table[i]` holds: the identity
-    until an eviction policy drops blocks, after which kept blocks keep their original positions.
+    until an eviction policy drops blocks (`evicted`), after which kept blocks keep their original positions.
+
+    Two counts that sound alike: `num_registered_blocks` is engine bookkeeping, how many leading full blocks of
+    `block_table` are already registered in the prefix cache (or, once `evicted`, skipped); `num_cached_tokens`
+    is what the request reports, the prompt tokens its first admission did not compute (from `tiers`).
+    `pinned_tokens` is how much of the prompt its cache breakpoints (`pins`) have pinned so far.
 
     A request with n > 1 choices is n sequences: `parent_id` is the request's id and `index` the choice."""
 
@@ -50,18 +56,13 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_logical: list[int] = field(default_factory=list)
     evicted: bool = False
-    evicted_tokens: int = 0
     num_computed: int = 0
-    num_cached_tokens: int | None = None
     block_hashes: list[str] = field(default_factory=list)
-    num_cached_blocks: int = 0
+    num_registered_blocks: int = 0
     pinned_tokens: int = 0
-    external_tokens: int = 0
-    external_sources: dict[str, int] = field(default_factory=dict)
-    external_decision: str = ""
+    tiers: TierOutcome | None = None
     finish_reason: str | None = None
     stop_sequence: str | None = None
-    num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     generator: torch.Generator | None = None
@@ -82,6 +83,11 @@ class Sequence:
         prompt instead of reading it from the prefix cache)."""
         return (self.params.prompt_logprobs is not None and self.index == 0
                 and len(self.prompt_logprobs) < self.num_prompt_tokens)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens whose K/V the first admission took from the pool or the tiers (0 before it)."""
+        return self.tiers.cached_tokens if self.tiers is not None else 0
 
     @property
     def num_tokens(self) -> int:
