@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.bench.common import write_json
-from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.layout import KVLayout
+from hafiza.cache.pool import bytes_per_token
 from hafiza.errors import HafizaError
 from hafiza.models import LoadedModel, load_model
 from hafiza.quant.evaluate import TextRun, agreement, greedy_points, run_hafiza, token_match
-from hafiza.quant.factory import bytes_per_token
 
 TEXT_DIR = Path("bench/texts/quality")
 TARGETS_PCT = {"int8": 0.5, "fp8": 1.0, "int4": 3.0}
@@ -80,7 +80,7 @@ def hafiza_rows(loaded: LoadedModel, texts: list[tuple[str, list[int]]], formats
                 policies: list[str], setup: Setup) -> list[dict[str, Any]]:
     """One row per format (no eviction) and per policy (bf16 pool, `budget_tokens` of KV)."""
     c = loaded.config
-    layout = KVLayout(c.num_layers, 1, setup.block_size, c.num_kv_heads, c.head_dim, loaded.dtype)
+    layout = KVLayout(c.num_layers, 1, setup.block_size, c.num_kv_heads, c.head_dim, "fp32", loaded.dtype)
     configs = [(BASELINE, None)] + [(f, None) for f in formats if f != BASELINE] + [(BASELINE, p) for p in policies]
     runs: dict[tuple[str, str | None], list[TextRun]] = {}
     for fmt, policy in configs:
@@ -95,7 +95,7 @@ def hafiza_rows(loaded: LoadedModel, texts: list[tuple[str, list[int]]], formats
     rows = []
     for (fmt, policy), rs in runs.items():
         row = {"system": "hafiza", "format": fmt, "policy": policy, **_summarise(rs, base),
-               "bytes_per_token": bytes_per_token(fmt, layout)}
+               "bytes_per_token": bytes_per_token(replace(layout, kv_dtype=fmt))}
         row["ppl_increase_pct"] = 100 * (row["perplexity"] / base_ppl - 1)
         if policy:
             row["budget_tokens"] = setup.budget_tokens

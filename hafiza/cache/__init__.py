@@ -1,1 +1,2 @@
-"""KV memory: the paged pool of K/V tensors, the block manager with prefix caching, and memory accounting."""
+"""KV memory: the paged pool and its storage formats, the block manager with prefix caching, eviction policies
+and memory sizing."""

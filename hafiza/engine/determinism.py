@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from hafiza.quant.factory import FULL_KINDS
+from hafiza.cache.layout import FULL_DTYPES
 
 
-def nondeterminism_reasons(kv_kind: str, eviction: str | None, device: torch.device, dtype: torch.dtype) -> list[str]:
+def nondeterminism_reasons(kv_dtype: str, eviction: str | None, device: torch.device, dtype: torch.dtype) -> list[str]:
     """Short reasons why output may depend on cache state or batch-mates; empty when it does not."""
     reasons = []
-    if kv_kind not in FULL_KINDS:
-        reasons.append(f"lossy-kv-{kv_kind}")  # recent tokens sit unquantized until their block fills
+    if kv_dtype not in FULL_DTYPES:
+        reasons.append(f"lossy-kv-{kv_dtype}")  # recent tokens sit unquantized until their block fills
     if eviction:
         reasons.append(f"eviction-{eviction}")  # what a sequence keeps depends on its own history
     if device.type != "cpu" or dtype != torch.float32:

@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from hafiza.cache.block_manager import BlockManager, BlockStats
+from hafiza.cache.eviction import AttentionScores, make_policy
+from hafiza.cache.layout import FULL_DTYPES
 from hafiza.cache.memory import kv_memory_bytes
+from hafiza.cache.pool import blocks_that_fit, bytes_per_block, fixed_bytes, layout_for, make_kv_pool, with_blocks
 from hafiza.device import dtype_name
 from hafiza.engine.connector import KVConnector
 from hafiza.engine.determinism import determinism_header, nondeterminism_reasons
@@ -23,16 +26,6 @@ from hafiza.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hafiza.engine.sequence import CachePin, Sequence, Status
 from hafiza.errors import ConfigError, RequestError
 from hafiza.models.loader import LoadedModel
-from hafiza.quant.eviction import AttentionScores, make_policy
-from hafiza.quant.factory import (
-    FULL_KINDS,
-    blocks_that_fit,
-    bytes_per_token,
-    fixed_bytes,
-    layout_for,
-    make_kv_cache,
-    with_blocks,
-)
 
 if TYPE_CHECKING:
     from hafiza.engine.grammar import GrammarCompiler
@@ -45,8 +38,8 @@ def choice_seed(seed: int, index: int) -> int:
     return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**64
 
 
-def resolve_kv_kind(name: str, model_dtype: torch.dtype) -> str:
-    """'auto' -> bf16, 'model' -> the compute dtype's name; anything else must be a known pool kind."""
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
+    """'auto' -> bf16, 'model' -> the compute dtype's name; anything else must be a known KV storage dtype."""
     if name == "auto":
         return "bf16"
     if name == "model":
@@ -155,20 +148,18 @@ class LLMEngine:
         self.loaded, self.config = model, config or EngineConfig()
         cfg, c = self.config, model.config
         self.tokenizer = model.tokenizer
-        self.kv_kind = resolve_kv_kind(cfg.kv_dtype, model.dtype)
         self.max_model_len = min(cfg.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
-        probe = layout_for(c, 1, cfg.block_size, model.dtype)
+        probe = layout_for(c, 1, cfg.block_size, resolve_kv_dtype(cfg.kv_dtype, model.dtype), model.dtype)
         budget = kv_memory_bytes(cfg.kv_memory, model.device)
-        num_blocks = blocks_that_fit(budget, self.kv_kind, probe, max_seqs=cfg.max_num_seqs)
-        self.bytes_per_block = int(bytes_per_token(self.kv_kind, probe) * cfg.block_size)
+        num_blocks = blocks_that_fit(budget, probe, max_seqs=cfg.max_num_seqs)
         if num_blocks < 1:
-            staging = fixed_bytes(self.kv_kind, probe, max_seqs=cfg.max_num_seqs)
-            extra = f" after {self.kv_kind}'s full-precision window of {staging} bytes" if staging else ""
+            staging = fixed_bytes(probe, max_seqs=cfg.max_num_seqs)
+            extra = f" after {probe.kv_dtype}'s full-precision window of {staging} bytes" if staging else ""
             raise ConfigError(f"KV memory {cfg.kv_memory} ({budget} bytes) holds no KV block of "
-                              f"{self.bytes_per_block} bytes{extra}; give the pool more memory"
+                              f"{bytes_per_block(probe)} bytes{extra}; give the pool more memory"
                               f"{' or allow fewer sequences' if staging else ''}", setting="kv_memory")
         self.layout = with_blocks(probe, num_blocks)
-        self.kv = make_kv_cache(self.kv_kind, self.layout, model.device, max_seqs=cfg.max_num_seqs)
+        self.kv = make_kv_pool(self.layout, model.device, max_seqs=cfg.max_num_seqs)
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.eviction = make_policy(cfg.eviction, cfg.sink_tokens) if cfg.eviction else None
         if self.eviction is not None and not cfg.kv_budget_tokens:
@@ -181,9 +172,9 @@ class LLMEngine:
             SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching), self.blocks,
             eviction=self.eviction, budget_blocks=budget_blocks, scores=self.scores,
         )
-        exact = self.kv_kind in FULL_KINDS and FULL_KINDS[self.kv_kind] == model.dtype
+        exact = FULL_DTYPES.get(self.kv_dtype) == model.dtype
         self.runner = ModelRunner(model.model, self.kv, cfg.block_size, fresh_kv_exact=exact, scores=self.scores)
-        self.extra_keys = (model.fingerprint, self.kv_kind, cfg.block_size)
+        self.extra_keys = (model.fingerprint, self.kv_dtype, cfg.block_size)
         self.seqs: dict[str, Sequence] = {}
         self.outputs: dict[str, TextOutput] = {}
         self.groups: dict[str, _Group] = {}
@@ -191,13 +182,23 @@ class LLMEngine:
         self._ids = itertools.count()
         self.prompt_tokens = self.generation_tokens = self.requests_finished = 0
         self.connector: KVConnector | None = None
-        self.nondeterminism = nondeterminism_reasons(self.kv_kind, cfg.eviction, model.device, model.dtype)
+        self.nondeterminism = nondeterminism_reasons(self.kv_dtype, cfg.eviction, model.device, model.dtype)
         self.determinism = determinism_header(self.nondeterminism)  # the x-hafiza-deterministic header
 
     def attach_connector(self, connector: KVConnector) -> None:
         """Connect KV tiers below the pool: full blocks are written through, admissions look them up."""
         self.connector = connector
         self.scheduler.connector = connector
+
+    @property
+    def kv_dtype(self) -> str:
+        """How the pool stores K/V (the configured kv_dtype with 'auto'/'model' resolved)."""
+        return self.layout.kv_dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Stored bytes of one KV block, as the pool's format counts them."""
+        return self.kv.bytes_per_block
 
     @property
     def capacity_tokens(self) -> int:
@@ -573,7 +574,7 @@ class LLMEngine:
                 fill[bid] = max(fill.get(bid, 0), min(bs, max(0, seq.num_computed - b * bs)))
         stored = sum(fill.values())
         return EngineStats(
-            blocks=bstats, bytes_per_block=self.bytes_per_block, kv_dtype=self.kv_kind,
+            blocks=bstats, bytes_per_block=self.bytes_per_block, kv_dtype=self.kv_dtype,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, requests_finished=self.requests_finished,

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from hafiza.cache.eviction import AttentionScores
+from hafiza.cache.pool import KVPool
 from hafiza.engine.scheduler import ScheduledBatch
-from hafiza.models.attention import AttentionMetadata, AttentionObserver, PagedKV, PrefillSpan
+from hafiza.models.attention import AttentionMetadata, AttentionObserver, PrefillSpan
 from hafiza.models.llama import LlamaModel
-from hafiza.quant.eviction import AttentionScores
 from hafiza.quant.observe import slot_mass
 
 
 class ModelRunner:
     """Builds inputs for one step and returns fp32 logits for the sequences that sample a token."""
 
-    def __init__(self, model: LlamaModel, kv: PagedKV, block_size: int, fresh_kv_exact: bool,
+    def __init__(self, model: LlamaModel, kv: KVPool, block_size: int, fresh_kv_exact: bool,
                  scores: AttentionScores | None = None) -> None:
         """`fresh_kv_exact`: the pool stores K/V exactly as computed, so a prefill without a cached prefix may
         attend to the fresh K/V instead of reading them back. `scores`: collect per-block attention mass for a
@@ -107,7 +108,7 @@ class ModelRunner:
         scores = self.scores
         assert scores is not None
 
-        def observe(layer: int, q: torch.Tensor, kv: PagedKV) -> None:
+        def observe(layer: int, q: torch.Tensor, kv: KVPool) -> None:
             for start, n, table, mask in parts:
                 keys, _ = kv.gather(layer, table[None])
                 width = mask.shape[-1]

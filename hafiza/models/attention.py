@@ -12,20 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from hafiza.cache.pool import KVPool
 
-class PagedKV(Protocol):
-    """What attention needs from the KV store: write new tokens into slots, gather blocks back as tensors."""
-
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
-
-    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-AttentionObserver = Callable[[int, torch.Tensor, "PagedKV"], None]
+AttentionObserver = Callable[[int, torch.Tensor, "KVPool"], None]
 
 
 @dataclass
@@ -93,7 +87,7 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visib
 
 
 def paged_attention(
-    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, meta: AttentionMetadata
+    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVPool, meta: AttentionMetadata
 ) -> torch.Tensor:
     """q [T, H, d], k/v [T, Hkv, d] (already written to the pool) -> [T, H, d]. The `group` query heads of one KV
     head act as query rows against that head's keys (GQA without copying keys per query head)."""

@@ -9,7 +9,8 @@ from hafiza.models.llama import LlamaModel
 
 
 class ContiguousKV:
-    """A PagedKV that stores one sequence's K/V as [layers, T, Hkv, d]; slots are token positions."""
+    """Stands in for a KVPool in the forward (write and gather only): one sequence's K/V as [layers, T, Hkv, d],
+    slots are token positions."""
 
     def __init__(self, model: LlamaModel, num_tokens: int, dtype: torch.dtype | None = None) -> None:
         c = model.config

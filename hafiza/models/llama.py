@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from hafiza.errors import ModelLoadError
-from hafiza.models.attention import AttentionMetadata, PagedKV, paged_attention
+from hafiza.models.attention import AttentionMetadata, paged_attention
 from hafiza.models.config import ModelConfig
 from hafiza.models.linear import DenseLinear
 from hafiza.models.rope import RotaryEmbedding, apply_rope
@@ -14,6 +16,9 @@ from hafiza.models.weights import LayerWeights as LayerWeights  # re-exported: t
 from hafiza.models.weights import ModelWeights, Source, build_model_weights, tensor_source
 from hafiza.threads import adapt as adapt_threads
 from hafiza.threads import decode_parts
+
+if TYPE_CHECKING:
+    from hafiza.cache.pool import KVPool
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,7 +80,7 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv: PagedKV) -> torch.Tensor:
+                kv: KVPool) -> torch.Tensor:
         """Run all layers on a flat batch of T tokens; returns final-normed hidden states [T, hidden]."""
         c = self.config
         if self.device.type == "cpu":

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.errors import KVDtypeError
+from hafiza.cache.eviction import make_policy
+from hafiza.cache.layout import KVLayout
+from hafiza.cache.pool import make_kv_pool
 from hafiza.models.llama import LlamaModel
-from hafiza.quant.errors import KVKindError
-from hafiza.quant.eviction import make_policy
-from hafiza.quant.factory import make_kv_cache
 from hafiza.quant.sequence import PagedSequence
 
 
@@ -48,11 +48,11 @@ def run_hafiza(model: LlamaModel, ids: list[int], kind: str, policy: str | None 
                gen_tokens: int = 64, block_size: int = 16) -> TextRun:
     """Chunked evaluation of `ids` through a `kind` pool (optionally evicting to `budget_tokens`)."""
     if len(ids) < 2:
-        raise KVKindError("a quality text needs at least 2 tokens")
+        raise KVDtypeError("a quality text needs at least 2 tokens")
     c = model.config
     blocks = -(-(len(ids) + gen_tokens + chunk) // block_size) + 1
-    layout = KVLayout(c.num_layers, blocks, block_size, c.num_kv_heads, c.head_dim, model.dtype)
-    seq = PagedSequence(model, make_kv_cache(kind, layout, model.device),
+    layout = KVLayout(c.num_layers, blocks, block_size, c.num_kv_heads, c.head_dim, kind, model.dtype)
+    seq = PagedSequence(model, make_kv_pool(layout, model.device),
                         make_policy(policy) if policy else None, budget_tokens)
     run = TextRun()
     wanted = set(points or [])

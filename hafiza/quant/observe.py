@@ -14,8 +14,9 @@ from contextlib import contextmanager
 
 import torch
 
+from hafiza.cache.pool import KVPool
 from hafiza.models import llama
-from hafiza.models.attention import AttentionMetadata, PagedKV
+from hafiza.models.attention import AttentionMetadata
 
 MassCallback = Callable[[int, torch.Tensor, torch.Tensor, int], None]
 
@@ -30,7 +31,7 @@ def slot_mass(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) ->
     return torch.softmax(logits, dim=-1).nan_to_num(0.0).sum(dim=(0, 1))
 
 
-def attention_mass(layer: int, q: torch.Tensor, kv: PagedKV,
+def attention_mass(layer: int, q: torch.Tensor, kv: KVPool,
                    meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     """(block_table [n], mass per gathered slot, number of queries) for each pool-reading part of a step."""
     out = []
@@ -55,7 +56,7 @@ def observe_attention(callback: MassCallback) -> Iterator[None]:
     """While active, report (layer, block_table, slot mass, queries) after every paged attention call."""
     original = llama.paged_attention
 
-    def observed(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV,
+    def observed(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVPool,
                  meta: AttentionMetadata) -> torch.Tensor:
         result = original(layer, q, k, v, kv, meta)
         for table, mass, n in attention_mass(layer, q, kv, meta):

@@ -10,10 +10,11 @@ from contextlib import nullcontext
 
 import torch
 
-from hafiza.models.attention import AttentionMetadata, PagedKV, PrefillSpan
+from hafiza.cache.errors import KVDtypeError
+from hafiza.cache.eviction import AttentionScores, EvictionPolicy
+from hafiza.cache.pool import KVPool
+from hafiza.models.attention import AttentionMetadata, PrefillSpan
 from hafiza.models.llama import LlamaModel
-from hafiza.quant.errors import KVKindError
-from hafiza.quant.eviction import AttentionScores, EvictionPolicy
 from hafiza.quant.observe import observe_attention
 
 
@@ -24,13 +25,13 @@ class PagedSequence:
     more than `budget_tokens // block_size` blocks; kept tokens keep their positions.
     """
 
-    def __init__(self, model: LlamaModel, pool: PagedKV, policy: EvictionPolicy | None = None,
+    def __init__(self, model: LlamaModel, pool: KVPool, policy: EvictionPolicy | None = None,
                  budget_tokens: int | None = None) -> None:
         self.model, self.pool, self.policy = model, pool, policy
         self.bs: int = pool.block_size
         self.budget_blocks = None if budget_tokens is None else budget_tokens // self.bs
         if policy is not None and self.budget_blocks is None:
-            raise KVKindError("an eviction policy needs a token budget")
+            raise KVDtypeError("an eviction policy needs a token budget")
         self.free = list(range(pool.num_blocks))
         self.blocks: list[int] = []
         self.starts: list[int] = []
@@ -63,7 +64,7 @@ class PagedSequence:
         scores = self.scores.score(self.blocks) if self.scores is not None else None
         keep = self.policy.select(len(self.blocks), self.budget_blocks - need, self.bs, scores)
         if not keep or keep[-1] != len(self.blocks) - 1:
-            raise KVKindError(f"{self.policy.name} dropped the sequence's last block")
+            raise KVDtypeError(f"{self.policy.name} dropped the sequence's last block")
         dropped = [b for i, b in enumerate(self.blocks) if i not in set(keep)]
         self.evicted_tokens += len(dropped) * self.bs
         if self.scores is not None and dropped:
@@ -78,7 +79,7 @@ class PagedSequence:
         for pos in range(self.length, self.length + n):
             if not self.blocks or pos - self.starts[-1] >= self.bs:
                 if not self.free:
-                    raise KVKindError("the pool is out of blocks (give it more, or an eviction budget)")
+                    raise KVDtypeError("the pool is out of blocks (give it more, or an eviction budget)")
                 self.blocks.append(self.free.pop(0))
                 self.starts.append(pos)
             slots.append(self.blocks[-1] * self.bs + pos - self.starts[-1])

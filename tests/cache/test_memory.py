@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.layout import KVLayout
 from hafiza.cache.memory import free_device_memory, kv_bytes_per_token, kv_memory_bytes
+from hafiza.cache.pool import bytes_per_block, bytes_per_token, make_kv_pool
 from hafiza.errors import ConfigError
 
 
@@ -16,11 +17,13 @@ def test_kv_bytes_per_token_counts_k_and_v_over_all_layers() -> None:
     assert kv_bytes_per_token(1, 1, 0.5) == 1.0
 
 
-@pytest.mark.parametrize(("dtype", "bits"), [(torch.float32, 32), (torch.bfloat16, 16), (torch.float16, 16)])
-def test_layout_uses_the_same_formula(dtype: torch.dtype, bits: int) -> None:
-    layout = KVLayout(num_layers=30, num_blocks=4, block_size=16, num_kv_heads=3, head_dim=64, dtype=dtype)
-    assert layout.bytes_per_token == kv_bytes_per_token(30, 3, 64 * bits / 8) == 2 * 30 * 3 * 64 * bits // 8
-    assert layout.bytes_per_block == 16 * layout.bytes_per_token
+@pytest.mark.parametrize(("kv_dtype", "bits"), [("fp32", 32), ("bf16", 16), ("fp16", 16)])
+def test_full_precision_pool_uses_the_same_formula(kv_dtype: str, bits: int) -> None:
+    layout = KVLayout(num_layers=30, num_blocks=4, block_size=16, num_kv_heads=3, head_dim=64, kv_dtype=kv_dtype,
+                      compute_dtype=torch.float32)
+    assert bytes_per_token(layout) == kv_bytes_per_token(30, 3, 64 * bits / 8) == 2 * 30 * 3 * 64 * bits // 8
+    assert bytes_per_block(layout) == 16 * bytes_per_token(layout)
+    assert make_kv_pool(layout, "cpu").bytes_per_block == bytes_per_block(layout)
 
 
 def test_kv_memory_reads_sizes_fractions_and_auto() -> None:

@@ -61,7 +61,7 @@ def cold(default_model: LoadedModel, prompts: list[list[int]]) -> list[list[int]
 
 
 def test_default_pool_is_bf16(default_model: LoadedModel) -> None:
-    assert engine(default_model).kv_kind == "bf16"
+    assert engine(default_model).kv_dtype == "bf16"
 
 
 def test_batched_with_fifteen_others(default_model: LoadedModel, prompts: list[list[int]],

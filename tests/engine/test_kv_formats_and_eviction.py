@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from hafiza.cache.formats.full import FullPrecisionKV
 from hafiza.cache.hashing import chain_hashes
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.errors import ConfigError
 from hafiza.models import LoadedModel
-from hafiza.quant.pool import QuantizedPool
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "int8", "int4"])
-def test_each_format_generates_through_the_engine(default_model: LoadedModel, kind: str) -> None:
-    engine = LLMEngine(default_model, EngineConfig(kv_memory="32MiB", kv_dtype=kind, max_num_seqs=4))
-    assert isinstance(engine.kv, QuantizedPool) == (kind != "bf16")
-    assert engine.stats().kv_dtype == kind
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "int8", "int4"])
+def test_each_format_generates_through_the_engine(default_model: LoadedModel, kv_dtype: str) -> None:
+    engine = LLMEngine(default_model, EngineConfig(kv_memory="32MiB", kv_dtype=kv_dtype, max_num_seqs=4))
+    assert isinstance(engine.kv, FullPrecisionKV) == (kv_dtype == "bf16")
+    assert engine.stats().kv_dtype == engine.kv.kv_dtype == kv_dtype
     prompts = ["The capital of France is", "The capital of Germany is the city of"]
     out = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0))
     assert "Paris" in out[0].text and "Berlin" in out[1].text

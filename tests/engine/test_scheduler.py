@@ -27,7 +27,7 @@ def test_64_concurrent_requests_on_a_small_pool_match_solo_runs(tiny_llama: Load
     solo = []
     for p, sp in zip(prompts, params, strict=True):
         solo.append(small_engine(tiny_llama).generate([p], sp)[0].token_ids)
-    per_block = small_engine(tiny_llama).layout.bytes_per_block
+    per_block = small_engine(tiny_llama).bytes_per_block
     engine = small_engine(tiny_llama, kv_memory=40 * per_block, max_num_batched_tokens=64)
     assert engine.layout.num_blocks == 40  # far less than 64 requests need together
     for p, sp in zip(prompts, params, strict=True):
@@ -55,7 +55,7 @@ def test_abort_frees_blocks(tiny_llama: LoadedModel) -> None:
 
 
 def test_never_fitting_requests_are_rejected_with_numbers(tiny_llama: LoadedModel) -> None:
-    per_block = small_engine(tiny_llama).layout.bytes_per_block
+    per_block = small_engine(tiny_llama).bytes_per_block
     engine = small_engine(tiny_llama, kv_memory=10 * per_block)
     with pytest.raises(RequestError, match=r"needs 13 KV blocks but the pool has 10 \(40 tokens\)"):
         engine.add_request(list(range(100, 140)), SamplingParams(max_tokens=10))
@@ -93,7 +93,7 @@ def test_max_tokens_zero_fills_the_cache(tiny_llama: LoadedModel) -> None:
 
 
 def test_pins_survive_memory_pressure(tiny_llama: LoadedModel) -> None:
-    per_block = small_engine(tiny_llama).layout.bytes_per_block
+    per_block = small_engine(tiny_llama).bytes_per_block
     engine = small_engine(tiny_llama, kv_memory=16 * per_block)
     pinned = list(range(300, 332))
     engine.add_request(pinned, SamplingParams(max_tokens=0), pins=[CachePin(32, 300.0)])
@@ -120,7 +120,7 @@ def test_stop_strings_and_seeded_sampling(default_model: LoadedModel) -> None:
 @given(st.lists(st.tuples(st.sampled_from(["add", "step", "abort"]), st.integers(1, 40), st.integers(0, 3)),
                 min_size=1, max_size=40))
 def test_engine_invariants_under_random_request_streams(tiny_llama: LoadedModel, stream: list) -> None:
-    per_block = small_engine(tiny_llama).layout.bytes_per_block
+    per_block = small_engine(tiny_llama).bytes_per_block
     engine = small_engine(tiny_llama, kv_memory=24 * per_block, max_num_batched_tokens=24)
     shared = list(range(500, 540))
     ids: list[str] = []

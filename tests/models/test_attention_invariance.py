@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hafiza.cache.kv_cache import KVCache, KVLayout
+from hafiza.cache.formats.full import FullPrecisionKV
+from hafiza.cache.layout import FULL_DTYPES, KVLayout
 from hafiza.models.attention import AttentionMetadata, PrefillSpan, invariant_attention, paged_attention
 
 HKV, GROUP, DIM, BS = 3, 3, 64, 16
@@ -30,9 +31,10 @@ def test_a_query_row_ignores_its_neighbours_and_masked_keys(threads: int) -> Non
         torch.set_num_threads(before)
 
 
-def make_pool(dtype: torch.dtype) -> tuple[KVCache, list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_pool(dtype: torch.dtype) -> tuple[FullPrecisionKV, list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pool holding one 70-token sequence (blocks 3, 7, 1, 5, 0) with random q/k/v per token."""
-    pool = KVCache(KVLayout(1, 8, BS, HKV, DIM, dtype), torch.device("cpu"))
+    kv_dtype = next(name for name, d in FULL_DTYPES.items() if d == dtype)
+    pool = FullPrecisionKV(KVLayout(1, 8, BS, HKV, DIM, kv_dtype, dtype), torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     n = 70
     q = torch.randn(n, HKV * GROUP, DIM, generator=g)
@@ -43,7 +45,7 @@ def make_pool(dtype: torch.dtype) -> tuple[KVCache, list[int], torch.Tensor, tor
     return pool, table, q, k.to(dtype).float(), v.to(dtype).float()
 
 
-def prefill(pool: KVCache, table: list[int], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+def prefill(pool: FullPrecisionKV, table: list[int], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
             end: int, fresh: bool = False) -> torch.Tensor:
     """Outputs of tokens start..end-1 as one span after `start` earlier tokens."""
     n = end - start
@@ -56,7 +58,7 @@ def prefill(pool: KVCache, table: list[int], q: torch.Tensor, k: torch.Tensor, v
     return paged_attention(0, q[start:end], k[start:end], v[start:end], pool, meta)
 
 
-def decodes(pool: KVCache, table: list[int], q: torch.Tensor, positions: list[int]) -> torch.Tensor:
+def decodes(pool: FullPrecisionKV, table: list[int], q: torch.Tensor, positions: list[int]) -> torch.Tensor:
     """Several positions of the sequence as a batch of decodes (as if they were distinct sequences)."""
     width = len(table)
     meta = AttentionMetadata(slot_mapping=torch.zeros(len(positions), dtype=torch.long), num_decode=len(positions))

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hafiza.bench.peers import transformers_model as hf_reference_from_loaded
-from hafiza.cache.kv_cache import KVCache, KVLayout
+from hafiza.cache.formats.full import FullPrecisionKV
+from hafiza.cache.layout import KVLayout
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.engine.runner import ModelRunner
 from hafiza.engine.scheduler import ScheduledBatch
@@ -27,8 +28,8 @@ def paged_logits(lm: LoadedModel, prompt: list[int], steps: int, block_size: int
     """Prefill then `steps` greedy decodes through the runner, with blocks handed out in shuffled order."""
     c = lm.config
     n_blocks = (len(prompt) + steps) // block_size + 2
-    layout = KVLayout(c.num_layers, n_blocks + 3, block_size, c.num_kv_heads, c.head_dim, torch.float32)
-    kv = KVCache(layout, lm.device)
+    layout = KVLayout(c.num_layers, n_blocks + 3, block_size, c.num_kv_heads, c.head_dim, "fp32", torch.float32)
+    kv = FullPrecisionKV(layout, lm.device)
     runner = ModelRunner(lm.model, kv, block_size, fresh_kv_exact=True)
     table = list(range(n_blocks + 3))
     random.Random(0).shuffle(table)

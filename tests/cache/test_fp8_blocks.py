@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from hafiza.cache.kv_cache import KVLayout
-from hafiza.quant.fp8 import Fp8KV
+from hafiza.cache.formats.fp8 import Fp8KV
+from hafiza.cache.layout import KVLayout
 
 
 def test_growing_block_keeps_every_token_within_bound(layout: KVLayout) -> None:
-    pool = Fp8KV(layout, "cpu")
+    pool = Fp8KV(replace(layout, kv_dtype="fp8"), "cpu")
     g = torch.Generator().manual_seed(1)
     ks = [torch.randn(1, 2, 64, generator=g) * (0.01 * 2**i) for i in range(16)]
     for i, k in enumerate(ks):
@@ -23,7 +25,7 @@ def test_growing_block_keeps_every_token_within_bound(layout: KVLayout) -> None:
 
 
 def test_growth_does_not_re_round_normal_codes(layout: KVLayout) -> None:
-    pool = Fp8KV(layout, "cpu")
+    pool = Fp8KV(replace(layout, kv_dtype="fp8"), "cpu")
     small = torch.linspace(-1.0, 1.0, 128).view(1, 2, 64)
     pool.write(0, torch.tensor([0]), small, small)
     before, _ = pool.gather(0, torch.tensor([[0]]))
@@ -35,7 +37,7 @@ def test_growth_does_not_re_round_normal_codes(layout: KVLayout) -> None:
 
 
 def test_offset_zero_write_starts_a_new_fill(layout: KVLayout) -> None:
-    pool = Fp8KV(layout, "cpu")
+    pool = Fp8KV(replace(layout, kv_dtype="fp8"), "cpu")
     big = torch.full((1, 2, 64), 300.0)
     pool.write(0, torch.tensor([16]), big, big)
     small = torch.full((1, 2, 64), 0.001)
@@ -46,7 +48,7 @@ def test_offset_zero_write_starts_a_new_fill(layout: KVLayout) -> None:
 
 
 def test_zeros_and_empty_blocks_stay_zero(layout: KVLayout) -> None:
-    pool = Fp8KV(layout, "cpu")
+    pool = Fp8KV(replace(layout, kv_dtype="fp8"), "cpu")
     z = torch.zeros(16, 2, 64)
     pool.write(0, torch.arange(16), z, z)
     k, v = pool.gather(0, torch.tensor([[0, 5]]))

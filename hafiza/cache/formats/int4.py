@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import torch
 
-from hafiza.cache.kv_cache import KVLayout
-from hafiza.cache.memory import kv_bytes_per_token
-from hafiza.quant.codes import (
+from hafiza.cache.codes import (
     int4_keys_dequantize,
     int4_keys_quantize,
     int4_values_dequantize,
     int4_values_quantize,
 )
-from hafiza.quant.errors import KVKindError
-from hafiza.quant.pool import QuantizedPool
+from hafiza.cache.errors import KVDtypeError
+from hafiza.cache.formats.base import PoolFormat
+from hafiza.cache.layout import KVLayout
+from hafiza.cache.memory import kv_bytes_per_token
 
 
 def window_dtype_for(layout: KVLayout) -> torch.dtype:
     """The staging area's dtype: the compute dtype when 16-bit, else bf16 (the baseline pool's precision)."""
-    return layout.dtype if layout.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    return layout.compute_dtype if layout.compute_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
 
 
-class Int4KV(QuantizedPool):
+class Int4KV(PoolFormat):
     """Per layer: packed nibbles [blocks, bs, Hkv, d/2] for K and V; K scale/zero fp16 [blocks, Hkv, d]
     (per channel over the block's tokens); V scale/zero fp16 [blocks, bs, Hkv, d/group] (per token).
 
@@ -35,16 +35,16 @@ class Int4KV(QuantizedPool):
     device sync per forward step (the slot list is reused across layers).
     """
 
-    kind = "int4"
+    kv_dtypes = ("int4",)
 
     def __init__(self, layout: KVLayout, device: torch.device | str, window_blocks: int = 2,
                  max_seqs: int = 1, value_group: int = 32) -> None:
         super().__init__(layout, device)
         nb, bs, h, d = layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim
         if d % 2:
-            raise KVKindError(f"int4 KV needs an even head_dim, got {d}")
+            raise KVDtypeError(f"int4 KV needs an even head_dim, got {d}")
         if window_blocks < 0 or max_seqs < 1:
-            raise KVKindError("int4 KV needs window_blocks >= 0 and max_seqs >= 1")
+            raise KVDtypeError("int4 KV needs window_blocks >= 0 and max_seqs >= 1")
         self.group = value_group if d % value_group == 0 else d
         self.window_blocks, self.max_seqs = window_blocks, max_seqs
         self.staging_blocks = max_seqs * (window_blocks + 1)
@@ -65,7 +65,7 @@ class Int4KV(QuantizedPool):
         self._slots_list: list[int] = []
 
     @classmethod
-    def payload_bytes_per_token(cls, layout: KVLayout, value_group: int = 32, **options: object) -> float:
+    def payload_bytes_per_token(cls, layout: KVLayout, value_group: int = 32, **options: int) -> float:
         d, bs = layout.head_dim, layout.block_size
         group = value_group if d % value_group == 0 else d
         k_head, v_head = d / 2 + 4 * d / bs, d / 2 + 4 * d / group
@@ -161,7 +161,7 @@ class Int4KV(QuantizedPool):
             v, self.group)
 
     def _blocks(self, layer: int, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dt = self.layout.dtype
+        dt = self.layout.compute_dtype
         k = int4_keys_dequantize(self.kq[layer][idx], self.kscale[layer][idx], self.kzero[layer][idx], dt)
         v = int4_values_dequantize(self.vq[layer][idx], self.vscale[layer][idx], self.vzero[layer][idx],
                                    self.group, dt)

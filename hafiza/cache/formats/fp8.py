@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.codes import FP8, FP8_MAX, fp8_decode, fp8_encode, pow2_scale
+from hafiza.cache.formats.base import PoolFormat
+from hafiza.cache.layout import KVLayout
 from hafiza.cache.memory import kv_bytes_per_token
-from hafiza.quant.codes import FP8, FP8_MAX, fp8_decode, fp8_encode, pow2_scale
-from hafiza.quant.pool import QuantizedPool
 
 
-class Fp8KV(QuantizedPool):
+class Fp8KV(PoolFormat):
     """Per layer: codes e4m3 [blocks, bs, Hkv, d] and scales fp32 [blocks, Hkv], for K and for V.
 
     A block's scale is set by its first write (amax x `headroom`, rounded up to a power of two). A later
@@ -20,7 +20,7 @@ class Fp8KV(QuantizedPool):
     A write at offset 0 starts a new fill of the block (blocks fill from offset 0), which resets its scale.
     """
 
-    kind = "fp8"
+    kv_dtypes = ("fp8",)
 
     def __init__(self, layout: KVLayout, device: torch.device | str, headroom: float = 2.0) -> None:
         super().__init__(layout, device)
@@ -30,7 +30,7 @@ class Fp8KV(QuantizedPool):
         self.ks, self.vs = self._zeros(nb, h, dtype=torch.float32), self._zeros(nb, h, dtype=torch.float32)
 
     @classmethod
-    def payload_bytes_per_token(cls, layout: KVLayout, **options: object) -> float:
+    def payload_bytes_per_token(cls, layout: KVLayout, **options: int) -> float:
         return kv_bytes_per_token(layout.num_layers, layout.num_kv_heads, layout.head_dim + 4 / layout.block_size)
 
     def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -55,7 +55,7 @@ class Fp8KV(QuantizedPool):
         codes.view(-1, h, d)[slots] = fp8_encode(x, new[inv][..., None])
 
     def _blocks(self, layer: int, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dt = self.layout.dtype
+        dt = self.layout.compute_dtype
         return (fp8_decode(self.kq[layer][idx], self.ks[layer][idx][:, None, :, None], dt),
                 fp8_decode(self.vq[layer][idx], self.vs[layer][idx][:, None, :, None], dt))
 

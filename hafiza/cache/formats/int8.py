@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.codes import int8_dequantize, int8_quantize
+from hafiza.cache.formats.base import PoolFormat
+from hafiza.cache.layout import KVLayout
 from hafiza.cache.memory import kv_bytes_per_token
-from hafiza.quant.codes import int8_dequantize, int8_quantize
-from hafiza.quant.pool import QuantizedPool
 
 
-class Int8KV(QuantizedPool):
+class Int8KV(PoolFormat):
     """Per layer: codes int8 [blocks, bs, Hkv, d] and scales fp16 [blocks, bs, Hkv], for K and for V."""
 
-    kind = "int8"
+    kv_dtypes = ("int8",)
 
     def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
         super().__init__(layout, device)
@@ -22,7 +22,7 @@ class Int8KV(QuantizedPool):
         self.ks, self.vs = (self._zeros(nb, bs, h, dtype=torch.float16) for _ in "kv")
 
     @classmethod
-    def payload_bytes_per_token(cls, layout: KVLayout, **options: object) -> float:
+    def payload_bytes_per_token(cls, layout: KVLayout, **options: int) -> float:
         return kv_bytes_per_token(layout.num_layers, layout.num_kv_heads, layout.head_dim + 2)
 
     def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -33,7 +33,7 @@ class Int8KV(QuantizedPool):
             scales.view(-1, h).index_copy_(0, slots, s)
 
     def _blocks(self, layer: int, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dt = self.layout.dtype
+        dt = self.layout.compute_dtype
         return (int8_dequantize(self.kq[layer][idx], self.ks[layer][idx], dt),
                 int8_dequantize(self.vq[layer][idx], self.vs[layer][idx], dt))
 

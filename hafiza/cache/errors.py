@@ -1,4 +1,4 @@
-"""Errors of the lossy KV formats: bad values reaching a pool, unknown kinds."""
+"""Errors of the KV pool: bad values reaching a lossy format, unknown storage dtypes, eviction settings."""
 
 from hafiza.errors import ConfigError, HafizaError
 
@@ -7,8 +7,8 @@ class NonFiniteKVError(HafizaError):
     """A K or V written to a quantised pool holds inf or NaN: it cannot be scaled, so it is refused."""
 
 
-class KVKindError(ConfigError):
-    """An unknown KV storage kind, or a pool option that does not fit the layout."""
+class KVDtypeError(ConfigError):
+    """An unknown KV storage dtype, or a pool option that does not fit the layout."""
 
 
 class EvictionError(ConfigError):

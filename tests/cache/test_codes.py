@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hafiza.quant import codes
+from hafiza.cache import codes
 
 
 def _x(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from hafiza.quant.errors import EvictionError
+from hafiza.cache.errors import EvictionError
 
 
 class EvictionPolicy(Protocol):

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import torch
 
-from hafiza.cache.kv_cache import KVLayout
-from hafiza.quant import codes
-from hafiza.quant.int4 import Int4KV
+from hafiza.cache import codes
+from hafiza.cache.formats.int4 import Int4KV
+from hafiza.cache.layout import KVLayout
 
 
 def _seq(t: int, h: int = 2, d: int = 64, seed: int = 0) -> torch.Tensor:
@@ -21,7 +21,7 @@ def _decode(pool: Int4KV, k: torch.Tensor, v: torch.Tensor, first_slot: int = 0)
 
 
 def test_recent_blocks_stay_full_precision_older_are_sealed(layout: KVLayout) -> None:
-    pool = Int4KV(layout, "cpu", window_blocks=2)
+    pool = Int4KV(replace(layout, kv_dtype="int4"), "cpu", window_blocks=2)
     k, v = _seq(72), _seq(72, seed=1)
     _decode(pool, k, v)
     assert pool.staged_blocks() == [2, 3, 4]
@@ -36,7 +36,7 @@ def test_recent_blocks_stay_full_precision_older_are_sealed(layout: KVLayout) ->
 
 
 def test_chunked_prefill_keeps_only_the_last_blocks(layout: KVLayout) -> None:
-    pool = Int4KV(layout, "cpu", window_blocks=1)
+    pool = Int4KV(replace(layout, kv_dtype="int4"), "cpu", window_blocks=1)
     k = _seq(100)
     pool.write(0, torch.arange(100), k, k)
     assert pool.staged_blocks() == [5, 6]
@@ -47,7 +47,7 @@ def test_chunked_prefill_keeps_only_the_last_blocks(layout: KVLayout) -> None:
 
 
 def test_outlier_channel_does_not_hurt_other_channels(layout: KVLayout) -> None:
-    pool = Int4KV(layout, "cpu", window_blocks=0)
+    pool = Int4KV(replace(layout, kv_dtype="int4"), "cpu", window_blocks=0)
     k = _seq(32)
     k[:, :, 9] *= 1000.0
     pool.write(0, torch.arange(32), k, k)
@@ -61,7 +61,7 @@ def test_outlier_channel_does_not_hurt_other_channels(layout: KVLayout) -> None:
 
 
 def test_constant_and_zero_channels_and_zero_blocks_survive_sealing(layout: KVLayout) -> None:
-    pool = Int4KV(layout, "cpu", window_blocks=0)
+    pool = Int4KV(replace(layout, kv_dtype="int4"), "cpu", window_blocks=0)
     k = _seq(32)
     k[:, :, 0] = 0.0
     k[:, :, 1] = -3.5
@@ -73,7 +73,7 @@ def test_constant_and_zero_channels_and_zero_blocks_survive_sealing(layout: KVLa
 
 
 def test_partial_block_sealed_then_reopened(layout: KVLayout) -> None:
-    pool = Int4KV(layout, "cpu", window_blocks=0)
+    pool = Int4KV(replace(layout, kv_dtype="int4"), "cpu", window_blocks=0)
     a, b = _seq(10), _seq(10, seed=2)
     _decode(pool, a[:5], a[:5], first_slot=0)
     _decode(pool, b[:5], b[:5], first_slot=16)
@@ -90,7 +90,7 @@ def test_partial_block_sealed_then_reopened(layout: KVLayout) -> None:
 
 
 def test_write_blocks_seals_and_read_blocks_round_trips(layout: KVLayout) -> None:
-    pool = Int4KV(replace(layout, num_layers=2), "cpu", window_blocks=1)
+    pool = Int4KV(replace(layout, num_layers=2, kv_dtype="int4"), "cpu", window_blocks=1)
     data = torch.randn(2, 2, 2, 16, 2, 64)
     pool.write_blocks([3, 4], data)
     assert pool.staged_blocks() == []
@@ -100,14 +100,14 @@ def test_write_blocks_seals_and_read_blocks_round_trips(layout: KVLayout) -> Non
 
 
 def test_bytes_and_window_accounting(layout: KVLayout) -> None:
-    pool = Int4KV(layout, "cpu", window_blocks=2, max_seqs=4)
+    pool = Int4KV(replace(layout, kv_dtype="int4"), "cpu", window_blocks=2, max_seqs=4)
     assert pool.staging_blocks == 12
     assert pool.fixed_bytes == 2 * 12 * 16 * 2 * 64 * 2
     assert pool.bytes_per_token == 2 * ((32 + 4 * 64 / 16) + (32 + 4 * 64 / 32))
 
 
 def test_slot_list_cache_sees_in_place_refills(layout: KVLayout) -> None:
-    pool = Int4KV(layout, "cpu", window_blocks=0)
+    pool = Int4KV(replace(layout, kv_dtype="int4"), "cpu", window_blocks=0)
     slots = torch.tensor([0])
     pool.write(0, slots, _seq(1), _seq(1))
     slots[0] = 16

@@ -1,11 +1,11 @@
-"""Fixtures: a tiny random-weight Llama and small pool layouts, so the quant tests run in seconds."""
+"""Fixtures: a tiny random-weight Llama and small pool layouts, so the pool tests run in seconds."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hafiza.cache.kv_cache import KVLayout
+from hafiza.cache.layout import KVLayout
 from hafiza.models.config import ModelConfig
 from hafiza.models.llama import LlamaModel
 
@@ -38,6 +38,6 @@ def model() -> LlamaModel:
 
 @pytest.fixture
 def layout() -> KVLayout:
-    """One layer (the last layer's write runs the inf/NaN check), 8 blocks of 16, 2 heads of dim 64."""
-    return KVLayout(num_layers=1, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=64,
-                    dtype=torch.float32)
+    """One layer (the last layer's write runs the inf/NaN check), 8 blocks of 16, 2 heads of dim 64, fp32."""
+    return KVLayout(num_layers=1, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=64, kv_dtype="fp32",
+                    compute_dtype=torch.float32)

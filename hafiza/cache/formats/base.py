@@ -1,0 +1,125 @@
+"""The frame every storage format shares: block reads and writes in terms of three per-format steps, sizes,
+and (for lossy formats) the inf/NaN check."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from hafiza.cache.errors import KVDtypeError, NonFiniteKVError
+from hafiza.cache.layout import KVLayout
+
+
+class PoolFormat(ABC):
+    """A paged KV pool storing K/V as `layout.kv_dtype` and handing them back in `layout.compute_dtype`.
+
+    A format implements `_write` (tokens into slots), `_blocks` (whole blocks out, in `block_dtype`),
+    `_store_blocks` (whole blocks in) and `payload_bytes_per_token` (its size). Lossy formats refuse inf/NaN:
+    they are noted per layer without a host sync and raised once per forward step, when the last layer writes
+    (at once in `write_blocks`): one cheap reduction per write, one device sync per step.
+    """
+
+    kv_dtypes: ClassVar[tuple[str, ...]]
+    lossy: ClassVar[bool] = True
+
+    def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
+        if layout.kv_dtype not in self.kv_dtypes:
+            raise KVDtypeError(f"{type(self).__name__} stores {' or '.join(self.kv_dtypes)}, the layout asks for "
+                               f"{layout.kv_dtype}")
+        self.layout, self.device = layout, torch.device(device)
+        self._nonfinite = torch.zeros(layout.num_layers, dtype=torch.bool, device=self.device)
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.layout.kv_dtype
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.layout.num_blocks
+
+    @property
+    def block_dtype(self) -> torch.dtype:
+        """The dtype of `read_blocks`: the compute dtype (lossy formats dequantise), or the storage dtype."""
+        return self.layout.compute_dtype
+
+    @classmethod
+    @abstractmethod
+    def payload_bytes_per_token(cls, layout: KVLayout, **options: int) -> float:
+        """Stored bytes per token over all layers, K and V, payload plus scales, of this format for `layout`."""
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.payload_bytes_per_token(self.layout)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return int(self.bytes_per_token * self.block_size)
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes held regardless of the number of blocks (int4's full-precision window); 0 for most formats."""
+        return 0
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V [T, Hkv, d] of T tokens at flat slots (block * block_size + offset)."""
+        if self.lossy:
+            self._nonfinite[layer] |= ~(torch.isfinite(k).all() & torch.isfinite(v).all())
+        self._write(layer, slots, k, v)
+        if self.lossy and layer == self.layout.num_layers - 1:
+            self.check_finite()
+
+    def check_finite(self) -> None:
+        """Raise NonFiniteKVError if any write since the last check carried inf or NaN."""
+        if not bool(self._nonfinite.any()):
+            return
+        layers = self._nonfinite.nonzero().flatten().tolist()
+        self._nonfinite.zero_()
+        raise NonFiniteKVError(
+            f"{self.kv_dtype} KV cache: the model wrote inf or NaN keys/values at layer(s) {layers}; a quantised "
+            "pool cannot scale them (the forward overflowed: compute in fp32 or store K/V at full precision)"
+        )
+
+    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of `block_tables` [B, n] as contiguous K, V [B, n * block_size, Hkv, d] in the compute dtype."""
+        b, n = block_tables.shape
+        k, v = self._blocks(layer, block_tables.reshape(-1).to(self.device))
+        shape = (b, n * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        dt = self.layout.compute_dtype
+        return k.reshape(shape).to(dt), v.reshape(shape).to(dt)
+
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """Whole blocks out (offload, codec): [layers, 2, n, block_size, Hkv, d] in `block_dtype` on the CPU."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        out = [torch.stack(self._blocks(i, idx)) for i in range(self.layout.num_layers)]
+        return torch.stack(out).cpu()
+
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        """Inverse of read_blocks: store whole blocks (swap-in, tier promotion)."""
+        if self.lossy and not bool(torch.isfinite(data).all()):
+            raise NonFiniteKVError(f"{self.kv_dtype} KV cache: write_blocks got inf or NaN values; not stored")
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        data = data.to(self.device)
+        for i in range(self.layout.num_layers):
+            self._store_blocks(i, idx, data[i, 0], data[i, 1])
+
+    @abstractmethod
+    def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store T tokens' K/V at flat slots."""
+
+    @abstractmethod
+    def _blocks(self, layer: int, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of whole blocks `idx`: [n, block_size, Hkv, d] in `block_dtype`."""
+
+    @abstractmethod
+    def _store_blocks(self, layer: int, idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store whole blocks `idx` from K, V [n, block_size, Hkv, d]."""
+
+    def _zeros(self, *shape: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        """One zero tensor per layer."""
+        return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.layout.num_layers)]
