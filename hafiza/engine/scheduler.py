@@ -4,17 +4,23 @@ Sequences join and leave the batch at every step. A long prompt is prefilled in 
 decoding. Admission needs free blocks; when a running sequence cannot grow, the most recently admitted one is
 preempted by recompute: its blocks are freed (their full blocks stay cached, so recomputing mostly hits the
 prefix cache) and it returns to the front of the queue with prompt + generated tokens.
+
+Admission runs in four steps, each with a named result: the pool match (`PrefixMatch`, the block manager's cached
+prefix), the tier match (`TierMatch`, what the tiers below the pool offer past it), the allocation
+(`Allocation`, or nothing when it does not fit: the sequence waits) and the registration (`Registration`: the
+blocks loaded from the tiers are registered in the pool, the tier outcome is recorded on the sequence).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from hafiza.cache.block_manager import BlockManager
+from hafiza.cache.block_manager import Allocation, BlockManager, PrefixMatch
 from hafiza.cache.errors import EvictionError
 from hafiza.cache.eviction import AttentionScores, EvictionPolicy
-from hafiza.engine.connector import KVConnector
+from hafiza.engine.connector import KVConnector, TierHit, TierLoad, TierOutcome
 from hafiza.engine.sequence import Sequence, Status
 
 
@@ -42,6 +48,31 @@ class ScheduledBatch:
         return sum(self.num_new)
 
 
+@dataclass(frozen=True)
+class TierMatch:
+    """Admission's second step: what the tiers below the pool offer past the pool's prefix. `hit` is their
+    answer, None when they were not asked (`skipped` says why); the first `num_blocks` of its blocks are to be
+    loaded (none unless loading beats recomputing)."""
+
+    hit: TierHit | None = None
+    skipped: str = ""
+
+    @property
+    def num_blocks(self) -> int:
+        return self.hit.num_blocks if self.hit is not None and self.hit.load else 0
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Admission's last step: the sequence starts with `num_cached_blocks` blocks of K/V it need not compute (pool
+    hit plus blocks loaded from the tiers, all registered in the pool) and computes `num_new` tokens this step;
+    `tiers` is what this admission got from the pool and the tiers."""
+
+    num_cached_blocks: int
+    num_new: int
+    tiers: TierOutcome
+
+
 class Scheduler:
     """Owns the waiting queue and the running list; decides each step's batch."""
 
@@ -64,6 +95,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.evicted_tokens = 0  # tokens all sequences dropped by eviction, since start
         self.connector: KVConnector | None = None
 
     def add(self, seq: Sequence) -> None:
@@ -108,15 +140,14 @@ class Scheduler:
         seq.block_table = [seq.block_table[i] for i in keep]
         seq.block_logical = [seq.block_logical[i] for i in keep]
         seq.evicted = True
-        seq.evicted_tokens += len(dropped) * bs
+        self.evicted_tokens += len(dropped) * bs
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
-        seq.block_table, seq.block_logical, seq.num_computed, seq.num_cached_blocks = [], [], 0, 0
+        seq.block_table, seq.block_logical, seq.num_computed, seq.num_registered_blocks = [], [], 0, 0
         seq.evicted = False
         seq.status = Status.WAITING
-        seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
@@ -160,56 +191,83 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
         """Give a waiting sequence its cached prefix (pool, then tiers) and blocks for its first chunk, if they
-        fit."""
+        fit; see the module docstring for the steps."""
         bs = self.blocks.block_size
-        hit: list[int] = []
         hashes = seq.hashes(bs)
-        use_cache = self.config.enable_prefix_caching and not seq.needs_prompt_logits  # its logits are needed
-        if use_cache:
-            hit = self.blocks.match_prefix(seq.token_ids, hashes, count=False)
-        if self.budget_blocks is not None:
-            hit = hit[: self.budget_blocks // 2]  # leave room to grow within the eviction budget
-        external = 0
-        limit = (seq.num_tokens - 1) // bs
-        ext = None
-        tiers_usable = self.connector is not None and self.budget_blocks is None
-        if tiers_usable and use_cache and len(hit) < limit:
-            ext = self.connector.lookup(hashes[len(hit) : limit])
-            external = ext.num_blocks if ext.load else 0
-        cached = len(hit) + external
-        n = min(seq.num_tokens - cached * bs, budget, self.max_chunk)
-        need = -(-(cached * bs + n) // bs) - len(hit)
-        reclaimed = sum(1 for b in hit if self.blocks.blocks[b].ref_count == 0)
-        if need > self.blocks.num_allocatable() - reclaimed:
+        pool = self._match_pool(seq, hashes)
+        tiers = self._match_tiers(seq, hashes, pool)
+        cached = pool.num_blocks + tiers.num_blocks
+        num_new = min(seq.num_tokens - cached * bs, budget, self.max_chunk)
+        query = seq.num_tokens if self.config.enable_prefix_caching else 0
+        alloc = self.blocks.admit(pool, -(-(cached * bs + num_new) // bs) - pool.num_blocks, query)
+        if alloc is None:
             return False
-        self.blocks.acquire(hit)
-        seq.block_table, seq.block_logical = list(hit), list(range(len(hit)))
-        self._grow(seq, need)
-        fresh = seq.block_table[len(hit) :]
-        if external:
-            loaded = self.connector.load(hashes[len(hit) : cached], fresh[:external])  # type: ignore[union-attr]
-            for i in range(loaded):
-                b = len(hit) + i
-                self.blocks.cache_block(fresh[i], hashes[b], seq.token_ids[b * bs : (b + 1) * bs])
-            if seq.num_cached_tokens is None:
-                seq.external_tokens = loaded * bs
-                seq.external_sources = dict(ext.per_tier) if ext else {}
-            cached = len(hit) + loaded
-            n = min(seq.num_tokens - cached * bs, budget, len(seq.block_table) * bs - cached * bs)
-        if ext is not None and seq.num_cached_tokens is None:
-            seq.external_decision = ext.reason
-        if self.config.enable_prefix_caching:
-            self.blocks.prefix_cache_queries += seq.num_tokens
-            self.blocks.prefix_cache_hits += cached * bs
-        seq.num_computed = cached * bs
-        seq.num_cached_blocks = cached
-        if seq.num_cached_tokens is None:
-            seq.num_cached_tokens = cached * bs
+        if self.scores is not None and alloc.fresh:
+            self.scores.reset(list(alloc.fresh))
+        reg = self._register(seq, hashes, alloc, tiers, num_new, budget)
+        seq.block_table, seq.block_logical = alloc.block_ids, list(range(len(alloc.block_ids)))
+        seq.num_computed = reg.num_cached_blocks * bs
+        seq.num_registered_blocks = reg.num_cached_blocks
+        if seq.tiers is None:  # the first admission's outcome is the request's; a re-admission mostly hits itself
+            seq.tiers = reg.tiers
         seq.status = Status.RUNNING
         self.running.append(seq)
         batch.seqs.append(seq)
-        batch.num_new.append(n)
+        batch.num_new.append(reg.num_new)
         return True
+
+    def _uncached_because(self, seq: Sequence) -> str:
+        """Why a sequence may not start from cached K/V at all ("" when it may)."""
+        if not self.config.enable_prefix_caching:
+            return "prefix caching is off"
+        if seq.needs_prompt_logits:
+            return "prompt logprobs need every prompt position's logits: the prompt is computed"
+        return ""
+
+    def _match_pool(self, seq: Sequence, hashes: list[str]) -> PrefixMatch:
+        """Step 1: the pool's cached prefix, at most half an eviction budget (leaving room to grow within it)."""
+        if self._uncached_because(seq):
+            return PrefixMatch()
+        cap = self.budget_blocks // 2 if self.budget_blocks is not None else None
+        return self.blocks.match_prefix(seq.token_ids, hashes, max_blocks=cap)
+
+    def _match_tiers(self, seq: Sequence, hashes: list[str], pool: PrefixMatch) -> TierMatch:
+        """Step 2: ask the tiers for the blocks past the pool's prefix (never the last prompt token's block)."""
+        limit = (seq.num_tokens - 1) // self.blocks.block_size
+        skipped = (self._uncached_because(seq)
+                   or ("no tiers are attached" if self.connector is None else "")
+                   or ("an eviction budget is set: blocks are not loaded from the tiers"
+                       if self.budget_blocks is not None else "")
+                   or ("the pool holds every reusable block" if pool.num_blocks >= limit else ""))
+        if skipped or self.connector is None:
+            return TierMatch(skipped=skipped)
+        return TierMatch(self.connector.lookup(hashes[pool.num_blocks : limit]))
+
+    def _register(self, seq: Sequence, hashes: Seq[str], alloc: Allocation, tiers: TierMatch, num_new: int,
+                  budget: int) -> Registration:
+        """Step 4: load the tiers' blocks into the fresh blocks and register those that arrived; a shortfall is
+        recomputed, in the blocks already allocated."""
+        bs = self.blocks.block_size
+        start = len(alloc.hit)
+        loaded = TierLoad()
+        if tiers.num_blocks and tiers.hit is not None and self.connector is not None:
+            loaded = self.connector.load(tiers.hit, alloc.fresh[: tiers.num_blocks])
+            self.blocks.cache_loaded(alloc.block_ids, hashes, seq.token_ids, start, start + loaded.num_blocks)
+            cached = start + loaded.num_blocks
+            num_new = min(seq.num_tokens - cached * bs, budget, len(alloc.block_ids) * bs - cached * bs)
+        return Registration(start + loaded.num_blocks, num_new, self._outcome(start, tiers, loaded))
+
+    def _outcome(self, pool_blocks: int, tiers: TierMatch, loaded: TierLoad) -> TierOutcome:
+        """What this admission got from the pool and the tiers, in tokens."""
+        bs = self.blocks.block_size
+        if tiers.hit is None:
+            return TierOutcome("none", tiers.skipped, pool_tokens=pool_blocks * bs)
+        per_tier: dict[str, int] = {}
+        for source in loaded.sources:
+            per_tier[source] = per_tier.get(source, 0) + bs
+        reason = f"{tiers.hit.reason}; {loaded.note}" if loaded.note else tiers.hit.reason
+        return TierOutcome(tiers.hit.decision, reason, pool_blocks * bs, loaded.num_blocks, loaded.num_blocks * bs,
+                           per_tier)
 
     @staticmethod
     def _decodes_first(batch: ScheduledBatch) -> ScheduledBatch:

@@ -6,10 +6,9 @@
 - `lookup` (engine thread, at admission): the longest prefix some tier holds, and the cost model's load vs
   recompute decision (stored bytes over measured tier bandwidth + measured decode time, against tokens over
   the measured prefill speed the engine feeds through `observe_prefill`).
-- `load` (engine thread): fetch, decode (the codec's checksums: a corrupt entry is dropped from every tier and
-  recomputed), write into the pool. The `ExternalHit` that `lookup` returned is updated in place with what was
-  actually loaded (tokens per tier, and a note when fewer blocks than promised arrived); the scheduler copies
-  it into the request's result after `load`.
+- `load` (engine thread): takes the `TierHit` that `lookup` returned; fetch, decode (the codec's checksums: a
+  corrupt entry is dropped from every tier and recomputed), write into the pool. It returns a `TierLoad`: the
+  tier of each block that arrived, and a note when fewer blocks than promised did.
 
 TTL (only Redis applies one; RAM and disk evict by LRU): a block under an API cache breakpoint (`CachePin`,
 Anthropic `cache_control`) is written with the pin's TTL (e.g. 1 h), never less than the default; any other
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hafiza.engine.connector import ExternalHit, KVConnector
+from hafiza.engine.connector import KVConnector, TierHit, TierLoad
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, check_codec, decode_block, encode_block
 from hafiza.store.keys import block_key
 from hafiza.store.logs import store_log
@@ -69,13 +68,6 @@ class _Save:
     @property
     def nbytes(self) -> int:
         return self.block.numel() * self.block.element_size()
-
-
-@dataclass
-class _Pending:
-    keys: list[str]
-    sources: list[str]
-    hit: ExternalHit
 
 
 class _Average:
@@ -121,7 +113,6 @@ class StoreConnector(KVConnector):
         self.stats = ConnectorStats()
         self._stored_bytes = _Average()
         self._decode_s = _Average()
-        self._pending: _Pending | None = None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queued = 0
@@ -213,51 +204,40 @@ class StoreConnector(KVConnector):
 
     # -- lookup and load: engine thread, at admission ------------------------------------------------------
 
-    def lookup(self, hashes: Sequence[str]) -> ExternalHit:
+    def lookup(self, hashes: Sequence[str]) -> TierHit:
         """The tiers' longest run of `hashes` and whether loading it beats recomputing.
 
         Runs on the engine thread, so it never raises: any failure is a miss (the request recomputes).
         """
         self.stats.lookups += 1
-        self._pending = None
         if not hashes or self._closed:
-            return ExternalHit()
+            return TierHit()
         try:
             return self._lookup(hashes)
         except Exception as e:
-            self._pending = None
             self.stats.lookup_errors += 1
             self.stats.decisions["miss"] += 1
             store_log.error(f"connector {id(self)} lookup", "store: lookup of %d blocks failed; recomputing",
                             len(hashes), exc_info=True)  # fmt: skip
-            return ExternalHit(0, False, f"miss: store lookup failed ({type(e).__name__}: {e})")
+            return TierHit(reason=f"miss: store lookup failed ({type(e).__name__}: {e})")
 
-    def _lookup(self, hashes: Sequence[str]) -> ExternalHit:
+    def _lookup(self, hashes: Sequence[str]) -> TierHit:
         keys = [self.key(h) for h in hashes]
         found = self.store.lookup_prefix(keys)
         n = found.num_hits
         if n == 0:
             self.stats.decisions["miss"] += 1
-            return ExternalHit(0, False, f"miss: none of the next {len(keys)} blocks is in a store tier")
+            return TierHit(reason=f"miss: none of the next {len(keys)} blocks is in a store tier")
         per_block = self._stored_bytes.value if self._stored_bytes.samples else self.raw_block_bytes
         by_tier = {tier: int(count * per_block) for tier, count in found.per_tier().items()}
         decode_s = self._decode_s.value * n
         decision = self.store.cost.decide(n * self.block_size, by_tier, extra_s=decode_s)
         self.stats.decisions["load" if decision.load else "recompute"] += 1
-        per_tier = self._tokens_per_tier(found.sources) if decision.load else {}
-        hit = ExternalHit(n, decision.load, decision.reason, per_tier)
-        self._pending = _Pending(keys[:n], found.sources, hit)
-        return hit
+        return TierHit(tuple(hashes[:n]), tuple(found.sources[:n]), decision.load, decision.reason)
 
-    def _tokens_per_tier(self, sources: Sequence[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for s in sources:
-            out[s] = out.get(s, 0) + self.block_size
-        return out
-
-    def load(self, hashes: Sequence[str], block_ids: Sequence[int]) -> int:
-        """Fetch, verify and write the leading blocks into `block_ids`; how many arrived intact."""
-        keys = [self.key(h) for h in hashes]
+    def load(self, hit: TierHit, block_ids: Sequence[int]) -> TierLoad:
+        """Fetch, verify and write the hit's leading blocks into `block_ids`; which arrived intact, from where."""
+        keys = [self.key(h) for h in hit.hashes[: len(block_ids)]]
         self.stats.loads += 1
         blocks: list[torch.Tensor] = []
         try:
@@ -278,8 +258,8 @@ class StoreConnector(KVConnector):
             blocks = []
         n = len(blocks)
         self.stats.blocks_loaded += n
-        self._report(keys, n)
-        return n
+        note = f"only {n} of {len(keys)} blocks arrived intact, the rest were recomputed" if n < len(keys) else ""
+        return TierLoad(hit.sources[:n], note)
 
     def _drop_corrupt(self, key: str, exc: Exception) -> None:
         """A block failed the codec's checks: delete it everywhere so nobody loads it again."""
@@ -290,16 +270,6 @@ class StoreConnector(KVConnector):
         )  # fmt: skip
         for tier in self.store.tiers:
             tier.delete(key)
-
-    def _report(self, keys: list[str], loaded: int) -> None:
-        """Make the pending ExternalHit say what was actually loaded, in tokens per tier."""
-        p, self._pending = self._pending, None
-        if p is None or p.keys[: len(keys)] != keys:
-            return
-        p.hit.per_tier.clear()
-        p.hit.per_tier.update(self._tokens_per_tier(p.sources[:loaded]))
-        if loaded < len(keys):
-            p.hit.reason += f"; only {loaded} of {len(keys)} blocks arrived intact, the rest were recomputed"
 
     # -- engine hooks and shutdown ---------------------------------------------------------------------------
 
