@@ -1,9 +1,11 @@
 """`hafiza bench quality`: what each lossy KV format and eviction policy costs in quality, against bf16 KV.
 
-Per configuration: perplexity over real texts evaluated in chunks whose attention reads every key back from the
-pool (so the stored format's loss is measured), agreement of 64-token greedy continuations with bf16 at several
-points of each text, and stored KV bytes per token. transformers' QuantizedCache runs on the same weights and
-tokens in the same run, against its own full-precision cache.
+Every configuration runs through `LLMEngine`, the scheduler and runner that `hafiza serve --kv-dtype F
+--eviction P --kv-budget-tokens B --max-num-batched-tokens C --max-num-seqs 1` runs (`quality_runs`). Per
+configuration: teacher-forced perplexity of real texts from the prompt's logprobs, prefilled in C-token chunks
+that attend to the K/V read back from the pool; agreement of greedy continuations with bf16 at points of each
+text; and stored KV bytes per token. transformers' QuantizedCache runs on the same weights and tokens in the same
+run, against its own full-precision cache.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,11 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.bench.common import write_json
-from hafiza.cache.layout import KVLayout
-from hafiza.cache.pool import bytes_per_token
+from hafiza.bench.quality_runs import TextRun, agreement, engine_config, greedy_points, run_text, token_match
+from hafiza.engine import LLMEngine
 from hafiza.errors import HafizaError
 from hafiza.models import LoadedModel, load_model
-from hafiza.quant.evaluate import TextRun, agreement, greedy_points, run_hafiza, token_match
 
 TEXT_DIR = Path("bench/texts/quality")
 TARGETS_PCT = {"int8": 0.5, "fp8": 1.0, "int4": 3.0}
@@ -78,28 +79,32 @@ def _summarise(runs: list[TextRun], refs: list[TextRun] | None) -> dict[str, Any
 
 def hafiza_rows(loaded: LoadedModel, texts: list[tuple[str, list[int]]], formats: list[str],
                 policies: list[str], setup: Setup) -> list[dict[str, Any]]:
-    """One row per format (no eviction) and per policy (bf16 pool, `budget_tokens` of KV)."""
-    c = loaded.config
-    layout = KVLayout(c.num_layers, 1, setup.block_size, c.num_kv_heads, c.head_dim, "fp32", loaded.dtype)
+    """One row per format (no eviction) and per policy (bf16 pool, `budget_tokens` of KV), each from a fresh
+    engine with the served configuration (`quality_runs.engine_config`)."""
     configs = [(BASELINE, None)] + [(f, None) for f in formats if f != BASELINE] + [(BASELINE, p) for p in policies]
+    longest = max(len(ids) for _, ids in texts) + setup.gen_tokens
     runs: dict[tuple[str, str | None], list[TextRun]] = {}
+    stored: dict[tuple[str, str | None], tuple[float, int]] = {}
     for fmt, policy in configs:
         t0 = time.perf_counter()
-        runs[fmt, policy] = [
-            run_hafiza(loaded.model, ids, fmt, policy, setup.budget_tokens if policy else None, setup.chunk,
-                       greedy_points(len(ids), setup.chunk, setup.points), setup.gen_tokens, setup.block_size)
-            for _, ids in texts]
+        engine = LLMEngine(loaded, engine_config(loaded, fmt, policy, setup.budget_tokens if policy else None,
+                                                 setup.chunk, longest, setup.block_size))
+        runs[fmt, policy] = [run_text(engine, ids, greedy_points(len(ids), setup.chunk, setup.points),
+                                      setup.gen_tokens) for _, ids in texts]
+        stats = engine.stats()
+        stored[fmt, policy] = (stats.bytes_per_block / setup.block_size, stats.evicted_tokens)
         _log(f"  hafiza {fmt}{'+' + policy if policy else ''}: {time.perf_counter() - t0:.0f} s")
     base = runs[BASELINE, None]
     base_ppl = _summarise(base, None)["perplexity"]
     rows = []
     for (fmt, policy), rs in runs.items():
+        bytes_per_token, evicted = stored[fmt, policy]
         row = {"system": "hafiza", "format": fmt, "policy": policy, **_summarise(rs, base),
-               "bytes_per_token": bytes_per_token(replace(layout, kv_dtype=fmt))}
+               "bytes_per_token": bytes_per_token}
         row["ppl_increase_pct"] = 100 * (row["perplexity"] / base_ppl - 1)
         if policy:
             row["budget_tokens"] = setup.budget_tokens
-            row["evicted_tokens"] = sum(r.evicted_tokens for r in rs)
+            row["evicted_tokens"] = evicted
         if fmt in TARGETS_PCT and not policy:
             row["target_pct"] = TARGETS_PCT[fmt]
             row["target_met"] = row["ppl_increase_pct"] <= TARGETS_PCT[fmt]
@@ -110,7 +115,7 @@ def hafiza_rows(loaded: LoadedModel, texts: list[tuple[str, list[int]]], formats
 def peer_rows(loaded: LoadedModel, texts: list[tuple[str, list[int]]], setup: Setup) -> list[dict[str, Any]]:
     """transformers' caches on the same weights; a backend that does not install or run gets an error row."""
     from hafiza.bench.peers import transformers_model
-    from hafiza.quant.peer import PEERS, peer_bytes_per_token, run_peer
+    from hafiza.bench.quality_peer import PEERS, peer_bytes_per_token, run_peer
 
     c = loaded.config
     try:
@@ -155,6 +160,8 @@ def run(model: str | None, files: list[Path], formats: list[str], policies: list
             "torch_threads": torch.get_num_threads(),
             "chunk": setup.chunk, "gen_tokens": setup.gen_tokens, "points_per_text": setup.points,
             "budget_tokens": setup.budget_tokens, "block_size": setup.block_size,
+            "served_as": (f"hafiza serve --kv-dtype F --max-num-batched-tokens {setup.chunk} --max-num-seqs 1 "
+                          f"--block-size {setup.block_size} [--eviction P --kv-budget-tokens {setup.budget_tokens}]"),
             "texts": [{"name": n, "tokens": len(t)} for n, t in texts], "results": rows}
 
 
@@ -227,7 +234,7 @@ def register(bench_app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option(help="GGUF file or model directory.")] = None,
         device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
         tokens: Annotated[int, typer.Option(help="Tokens evaluated per text.")] = 4096,
-        chunk: Annotated[int, typer.Option(help="Tokens per evaluation chunk.")] = 64,
+        chunk: Annotated[int, typer.Option(help="Prefill chunk: the engine's max_num_batched_tokens.")] = 64,
         points: Annotated[int, typer.Option(help="Greedy continuation points per text.")] = 3,
         gen: Annotated[int, typer.Option(help="Tokens per greedy continuation.")] = 64,
         formats: Annotated[str, typer.Option(help="KV formats (comma-separated; fp32 too).")] = "bf16,fp8,int8,int4",

@@ -20,9 +20,10 @@ from rich.table import Table
 
 from hafiza.bench.common import write_json
 from hafiza.bench.quality import TEXT_DIR, load_texts
+from hafiza.bench.quality_runs import engine_config, run_text
+from hafiza.engine import LLMEngine
 from hafiza.models import load_model
 from hafiza.models.loader import default_model_path
-from hafiza.quant.evaluate import run_hafiza
 
 TARGET_PCT = {"4-bit": 1.0, "Q8_0": 0.2}
 
@@ -58,9 +59,10 @@ def write_q8_copy(src: Path, dst: Path) -> Path:
 def perplexities(model: Path, mode: str, texts: list[tuple[str, list[int]]], chunk: int) -> dict[str, float]:
     """Per text: exp(mean next-token NLL) with weights in `mode` (fp32 KV, so only the weights differ)."""
     lm = load_model(model, dtype="fp32", weights=mode)
+    engine = LLMEngine(lm, engine_config(lm, "fp32", None, None, chunk, max(len(ids) for _, ids in texts)))
     out = {}
     for name, ids in texts:
-        run = run_hafiza(lm.model, ids, "fp32", chunk=chunk, points=[], gen_tokens=0)
+        run = run_text(engine, ids, [], 0)
         out[name] = math.exp(run.nll_sum / run.scored)
     out["_formats"] = lm.model.weights.formats()  # type: ignore[assignment]
     return out

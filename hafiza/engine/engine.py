@@ -121,7 +121,8 @@ class GenerationResult:
 
 @dataclass
 class EngineStats:
-    """Memory accounting and counters, read by the server's /metrics and the dashboard."""
+    """Memory accounting and counters, read by the server's /metrics and the dashboard. `evicted_tokens`: KV tokens
+    the eviction policy dropped from sequences since the engine started."""
 
     blocks: BlockStats
     bytes_per_block: int
@@ -134,6 +135,7 @@ class EngineStats:
     requests_finished: int
     stored_tokens: int
     waste_slots: int
+    evicted_tokens: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -579,6 +581,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, requests_finished=self.requests_finished,
             stored_tokens=stored, waste_slots=bstats.in_use * bs - stored,
+            evicted_tokens=self.scheduler.evicted_tokens,
         )
 
     def check_integrity(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hafiza.cache.eviction import AttentionScores
@@ -9,7 +11,16 @@ from hafiza.cache.pool import KVPool
 from hafiza.engine.scheduler import ScheduledBatch
 from hafiza.models.attention import AttentionMetadata, AttentionObserver, PrefillSpan
 from hafiza.models.llama import LlamaModel
-from hafiza.quant.observe import slot_mass
+
+
+def slot_mass(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [n, H, d], keys [S, Hkv, d], mask [n, S] (True = may attend) -> softmax(q kᵀ/√d) mass per key slot [S],
+    summed over query heads and queries: what one layer's attention gave each key (H2O's score)."""
+    group = q.shape[1] // keys.shape[1]
+    k = keys.repeat_interleave(group, dim=1).float()
+    logits = torch.einsum("nhd,shd->hns", q.float(), k) / math.sqrt(q.shape[-1])
+    logits = logits.masked_fill(~mask, float("-inf"))
+    return torch.softmax(logits, dim=-1).nan_to_num(0.0).sum(dim=(0, 1))
 
 
 class ModelRunner:
@@ -96,8 +107,10 @@ class ModelRunner:
                     mask=None if plain_causal else self._mask(q_pos, ctx),
                 )
             meta.prefills.append(span)
-            if self.scores is not None and span.block_table is not None:
-                observed.append((flat_start, n, span.block_table, span.mask if span.mask is not None
+            if self.scores is not None:  # a span on fresh K/V is observed too: an exact pool holds the same keys
+                obs_table = span.block_table if span.block_table is not None else torch.tensor(
+                    table[: -(-ctx // bs)], dtype=torch.long, device=dev)
+                observed.append((flat_start, n, obs_table, span.mask if span.mask is not None
                                  else self._mask(q_pos, ctx)))
         if observed:
             meta.observer = self._observer(observed)
@@ -112,7 +125,9 @@ class ModelRunner:
             for start, n, table, mask in parts:
                 keys, _ = kv.gather(layer, table[None])
                 width = mask.shape[-1]
-                scores.add(table, slot_mass(q[start : start + n], keys[0, :width], mask), n)
+                mass = torch.zeros(keys.shape[1], dtype=torch.float32, device=q.device)  # whole blocks
+                mass[:width] = slot_mass(q[start : start + n], keys[0, :width], mask)
+                scores.add(table, mass, n)
 
         return observe
 

@@ -1,4 +1,5 @@
-"""The transformers peer: its QuantizedCache (quanto, HQQ, fp8 backends) run on the same weights and tokens."""
+"""The quality benchmark's transformers peer: its QuantizedCache (quanto, HQQ, fp8 backends) on the same weights and
+tokens, in the same chunks as the engine's prefill."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
+from hafiza.bench.quality_runs import TextRun
 from hafiza.cache.memory import kv_bytes_per_token
-from hafiza.quant.evaluate import TextRun, next_token_nll
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,12 @@ def _dynamic(config: Any) -> Any:
     from transformers.cache_utils import DynamicCache
 
     return DynamicCache(config=config)
+
+
+def next_token_nll(logits: torch.Tensor, targets: list[int]) -> float:
+    """Summed cross-entropy of `targets` under `logits` rows (row i predicts targets[i])."""
+    t = torch.tensor(targets, dtype=torch.long, device=logits.device)
+    return float(F.cross_entropy(logits[: len(targets)].float(), t, reduction="sum"))
 
 
 PEERS = (

@@ -1,4 +1,5 @@
-"""`hafiza bench quality` on the tiny model: rows, JSON fields, table, plot and the command's registration."""
+"""`hafiza bench quality` on a tiny model through LLMEngine: rows, JSON fields, table, plot and the command's
+registration."""
 
 from __future__ import annotations
 
@@ -8,22 +9,17 @@ import pytest
 import typer
 
 from hafiza.bench import quality
+from hafiza.bench.quality_runs import agreement, greedy_points, token_match
 from hafiza.errors import HafizaError
 from hafiza.models import LoadedModel
-from hafiza.models.llama import LlamaModel
-from hafiza.quant.evaluate import agreement, greedy_points, token_match
 
 FIELDS = {"format", "policy", "perplexity", "ppl_increase_pct", "greedy_agreement", "bytes_per_token"}
 
 
-def _loaded(model: LlamaModel) -> LoadedModel:
-    return LoadedModel(model.config, model, None, Path("tiny"), "0", "tiny")  # type: ignore[arg-type]
-
-
-def test_rows_cover_formats_and_policies(model: LlamaModel) -> None:
+def test_rows_cover_formats_and_policies(tiny_llama: LoadedModel) -> None:
     texts = [("a", [(3 * i + 1) % 97 for i in range(96)]), ("b", [(5 * i + 2) % 97 for i in range(80)])]
     setup = quality.Setup(tokens=96, chunk=32, points=2, gen_tokens=4, budget_tokens=80)
-    rows = quality.hafiza_rows(_loaded(model), texts, ["fp32", "bf16", "int8", "int4"], ["streaming", "h2o"],
+    rows = quality.hafiza_rows(tiny_llama, texts, ["fp32", "bf16", "int8", "int4"], ["streaming", "h2o"],
                                setup)
     assert [(r["format"], r["policy"]) for r in rows] == [
         ("bf16", None), ("fp32", None), ("int8", None), ("int4", None), ("bf16", "streaming"), ("bf16", "h2o")]
@@ -47,11 +43,11 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_missing_texts_are_a_clear_error(model: LlamaModel, tmp_path: Path) -> None:
+def test_missing_texts_are_a_clear_error(tiny_llama: LoadedModel, tmp_path: Path) -> None:
     with pytest.raises(HafizaError, match="no quality texts"):
-        quality.load_texts(_loaded(model), [], 10)
+        quality.load_texts(tiny_llama, [], 10)
     with pytest.raises(HafizaError, match="not found"):
-        quality.load_texts(_loaded(model), [tmp_path / "none.txt"], 10)
+        quality.load_texts(tiny_llama, [tmp_path / "none.txt"], 10)
 
 
 def test_points_and_agreement() -> None:

@@ -1,1 +1,0 @@
-"""Quality-measurement harness of the KV formats (the formats themselves live in hafiza.cache)."""
