@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hafiza.errors import HafizaError
+from hafiza.errors import ConfigError, HafizaError
 
 DTYPES = {
     "fp32": torch.float32,
@@ -23,7 +23,7 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise HafizaError("--device cuda was asked for, but torch sees no CUDA device here")
+        raise ConfigError("device cuda was asked for, but torch sees no CUDA device here", setting="device")
     if name != "cpu" and not name.startswith("cuda"):
         raise HafizaError(f"unknown device {name!r}: use auto, cpu or cuda")
     return torch.device(name)

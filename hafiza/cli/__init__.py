@@ -32,7 +32,9 @@ def _register() -> None:
 SETTING_FLAGS = {"kv_memory": "--kv-memory", "kv_dtype": "--kv-dtype", "kv_budget_tokens": "--kv-budget-tokens",
                  "eviction": "--eviction", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
                  "store_ram": "--store-ram", "store_disk": "--store-disk", "store_redis": "--store-redis",
-                 "store_codec": "--store-codec"}
+                 "store_codec": "--store-codec", "api_keys_file": "--api-keys-file", "prices": "--prices",
+                 "admin_key": "--admin-key", "metrics_auth": "--metrics-auth", "dashboard_auth": "--dashboard-auth",
+                 "weights": "--weights", "device": "--device"}
 
 
 def error_line(exc: HafizaError) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from hafiza.errors import HafizaError
+from hafiza.errors import ConfigError
 from hafiza.models.ggml_blocks import GroupedInts
 from hafiza.models.linear import (
     INT4_GROUP,
@@ -40,9 +40,9 @@ _DENSE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_weights_mode(mode: str) -> str:
-    """The mode, or one HafizaError line naming the choices."""
+    """The mode, or one ConfigError line naming the choices."""
     if mode not in WEIGHT_MODES:
-        raise HafizaError(f"unknown --weights {mode!r}: use {', '.join(WEIGHT_MODES)}")
+        raise ConfigError(f"unknown weight format {mode!r}: use {', '.join(WEIGHT_MODES)}", setting="weights")
     return mode
 
 

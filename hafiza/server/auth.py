@@ -133,18 +133,18 @@ def require_admin(request: Request) -> None:
         return
     settings = _settings(request)
     if settings.admin_key is None:
-        raise ApiError(403, "this action needs the admin key, and the server has none: start it with --admin-key",
+        raise ApiError(403, "this action needs the admin key, and the server has none: start it with an admin key",
                        code="permission_denied")
     if who is not None and who.role == Role.API and settings.keys:
-        raise ApiError(403, "an API key cannot do this: it needs the admin key (--admin-key)",
+        raise ApiError(403, "an API key cannot do this: it needs the admin key",
                        code="permission_denied")
     raise ApiError(401, "missing or invalid admin key: send x-api-key or 'Authorization: Bearer <key>'",
                    code="invalid_api_key")
 
 
 def require_access(level_of: Callable[[ServerSettings], Access]) -> Callable[[Request], None]:
-    """A dependency for a read-only endpoint whose protection is configurable (`--metrics-auth`,
-    `--dashboard-auth`); it records the caller, so the route can still tell an admin from the rest."""
+    """A dependency for a read-only endpoint whose protection is configurable (`metrics_auth`,
+    `dashboard_auth`); it records the caller, so the route can still tell an admin from the rest."""
 
     def check(request: Request) -> None:
         level = level_of(_settings(request))

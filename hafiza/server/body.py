@@ -112,7 +112,7 @@ def check_message_count(data: dict[str, Any], limit: int) -> None:
     """400 if the body has more than `limit` messages (checked before validation, which is costly per message)."""
     messages = data.get("messages")
     if isinstance(messages, list) and len(messages) > limit:
-        raise ApiError(400, f"messages: {len(messages)} messages exceed the limit of {limit} (--max-messages)",
+        raise ApiError(400, f"messages: {len(messages)} messages exceed the server's limit of {limit}",
                        param="messages")
 
 

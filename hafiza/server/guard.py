@@ -77,18 +77,18 @@ class BrowserGuard:
         host = headers.get("host", "")
         if not self.any_host and host_name(host) not in self.settings.allowed_hosts:
             return (400, f"Host {host!r} is not served here (allowed: {', '.join(self.settings.allowed_hosts)}; "
-                         "add one with --allowed-host)", "invalid_host")
+                         "the server's allowed_hosts setting lists them)", "invalid_host")
         if method in SAFE_METHODS:
             return None
         origin = headers.get("origin")
         listed = origin is not None and origin.rstrip("/") in self.settings.cors_origins
         if origin is not None and not listed and urlsplit(origin).netloc.lower() != host.strip().lower():
             return (403, f"cross-origin {method} refused: Origin {origin!r} is not this server ({host}); "
-                         "allow it with --cors-origin", "cross_origin")
+                         "allow it in the server's cors_origins setting", "cross_origin")
         site = headers.get("sec-fetch-site")
         if site is not None and site.lower() not in SAME_SITE_OK and not listed:
-            return (403, f"cross-site {method} refused (Sec-Fetch-Site: {site}); allow the page's origin with "
-                         "--cors-origin", "cross_origin")
+            return (403, f"cross-site {method} refused (Sec-Fetch-Site: {site}); allow the page's origin in the "
+                         "server's cors_origins setting", "cross_origin")
         content_type = headers.get("content-type", "")
         if not is_json(content_type):
             shown = repr(content_type) if content_type else "none"

@@ -319,12 +319,10 @@ def build_prompt(tokenizer: Tokenizer, conv: Conversation, allow_special_in_cont
     if max_chars is not None:
         content = sum(len(t.text) for t in conv.turns)
         if content > max_chars:
-            raise ApiError(400, f"the messages hold {content} characters of text; the limit is {max_chars} "
-                                f"(--max-prompt-chars)")
+            raise ApiError(400, f"the messages hold {content} characters of text; the limit is {max_chars}")
     text = render(tokenizer, conv)
     if max_chars is not None and len(text) > max_chars:
-        raise ApiError(400, f"the rendered prompt is {len(text)} characters; the limit is {max_chars} "
-                            f"(--max-prompt-chars)")
+        raise ApiError(400, f"the rendered prompt is {len(text)} characters; the limit is {max_chars}")
     ids, ends = encode_conversation(tokenizer, conv, text, allow_special_in_content)
     breakpoints: list[Breakpoint] = []
     for i, turn in enumerate(conv.turns):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from hafiza.errors import HafizaError
+from hafiza.errors import ConfigError, HafizaError
 
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 CHARS_PER_CONTEXT_TOKEN = 32
@@ -27,10 +27,10 @@ def read_keys_file(path: str | Path) -> tuple[str, ...]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise HafizaError(f"--api-keys-file {path}: cannot read it ({exc})") from exc
+        raise ConfigError(f"keys file {path}: cannot read it ({exc})", setting="api_keys_file") from exc
     keys = tuple(k for k in (line.strip() for line in lines) if k and not k.startswith("#"))
     if not keys:
-        raise HafizaError(f"--api-keys-file {path}: no keys in it (one per line)")
+        raise ConfigError(f"keys file {path}: no keys in it (one per line)", setting="api_keys_file")
     return keys
 
 
@@ -53,13 +53,14 @@ class PriceTable:
             key, sep, value = item.partition("=")
             key = key.strip()
             if not sep or key not in cls.__dataclass_fields__:
-                raise HafizaError(f"--prices: cannot read {item!r}: use keys {', '.join(cls.__dataclass_fields__)}")
+                raise ConfigError(f"cannot read {item!r}: use keys {', '.join(cls.__dataclass_fields__)}",
+                                  setting="prices")
             try:
                 values[key] = float(value)
             except ValueError as exc:
-                raise HafizaError(f"--prices: {key} must be a number, got {value!r}") from exc
+                raise ConfigError(f"{key} must be a number, got {value!r}", setting="prices") from exc
             if values[key] < 0:
-                raise HafizaError(f"--prices: {key} must be >= 0, got {value}")
+                raise ConfigError(f"{key} must be >= 0, got {value}", setting="prices")
         return cls(**values)
 
 
@@ -100,11 +101,12 @@ class ServerSettings:
         if any(not k for k in keys) or self.admin_key == "":
             raise HafizaError("API and admin keys must not be empty")
         if self.admin_key is not None and self.admin_key in keys:
-            raise HafizaError("--admin-key must differ from every --api-key (an API key would be an admin)")
+            raise ConfigError("the admin key must differ from every API key (an API key would be an admin)",
+                              setting="admin_key")
         self.metrics_auth, self.dashboard_auth = Access(self.metrics_auth), Access(self.dashboard_auth)
-        for what, level in (("--metrics-auth", self.metrics_auth), ("--dashboard-auth", self.dashboard_auth)):
+        for what, level in (("metrics_auth", self.metrics_auth), ("dashboard_auth", self.dashboard_auth)):
             if level is Access.ADMIN and self.admin_key is None and not self.is_open:
-                raise HafizaError(f"{what} admin needs --admin-key")
+                raise ConfigError(f"{what} admin needs an admin key", setting=what)
         self.cors_origins = tuple(o.rstrip("/") for o in self.cors_origins)
         self.allowed_hosts = tuple(h.lower().strip("[]") for h in self.allowed_hosts)
 

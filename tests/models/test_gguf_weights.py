@@ -110,5 +110,5 @@ def test_qwen2_with_biases_loads_quantized(files: dict[str, Path]) -> None:
 
 
 def test_unknown_weights_mode_is_one_line_error(files: dict[str, Path]) -> None:
-    with pytest.raises(HafizaError, match="unknown --weights 'int3'"):
+    with pytest.raises(HafizaError, match="unknown weight format 'int3'"):
         load_model(files["mixed"], device="cpu", weights="int3")
