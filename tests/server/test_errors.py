@@ -219,6 +219,19 @@ def test_seed_outside_int64_gets_400(http: httpx.Client, server: Server, seed: i
     assert err["param"] == "seed"
 
 
+def test_engine_refusal_names_the_field_in_each_apis_words(http: httpx.Client, server: Server) -> None:
+    """The engine's one check carries the field at fault; each API reports it under its own name."""
+    chat = {"model": server.model, "max_tokens": 10**6, "messages": MSG}
+    err = assert_openai_error(post(http, "/v1/chat/completions", chat), 400, "exceeds the model's context")
+    assert err["param"] == "max_tokens"
+    resp = {"model": server.model, "max_output_tokens": 10**6, "input": "hi"}
+    err = assert_openai_error(post(http, "/v1/responses", resp), 400, "exceeds the model's context")
+    assert err["param"] == "max_output_tokens"
+    legacy = {"model": server.model, "max_tokens": 10**6, "prompt": ["hi", "there"]}
+    err = assert_openai_error(post(http, "/v1/completions", legacy), 400, "exceeds the model's context")
+    assert err["param"] == "max_tokens"
+
+
 @pytest.mark.parametrize("seed", [2**63 - 1, -(2**63), 0])
 def test_seed_at_the_int64_ends_is_served(http: httpx.Client, server: Server, seed: int) -> None:
     body = {"model": server.model, "max_tokens": 2, "messages": MSG, "temperature": 1.0, "seed": seed}
