@@ -30,6 +30,7 @@ from rich.table import Table
 from hafiza.bench.common import write_json
 from hafiza.cache.hashing import chain_hashes
 from hafiza.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from hafiza.engine.connector import TierOutcome
 from hafiza.models import LoadedModel, load_model
 from hafiza.store.base import KVStore
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, STORE_CODECS, check_codec, decode_block, encode_block
@@ -162,10 +163,11 @@ def run(model: str | None, dtype: str, device: str, tokens: int, repeats: int, c
         for name, (engine, connector) in engines.items():
             stored = connector.store.tiers[0].stats().bytes_written
             ttft = statistics.median(samples[name])
+            tiers = last[name].tiers or TierOutcome()
             results.append({"tier": name, "codec": codec, "ttft_s": ttft, "speedup": recompute_s / ttft,
                             "bytes_per_token": stored / (len(ids) // engine.layout.block_size
                                                          * engine.layout.block_size),
-                            "loaded_tokens": last[name].external_tokens, "decision": last[name].external_decision,
+                            "loaded_tokens": tiers.loaded_tokens, "decision": tiers.reason,
                             "samples": samples[name]})
             if name == "redis":
                 connector.store.tiers[0].clear()

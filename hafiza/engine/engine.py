@@ -17,7 +17,7 @@ from hafiza.cache.layout import FULL_DTYPES
 from hafiza.cache.memory import kv_memory_bytes
 from hafiza.cache.pool import blocks_that_fit, bytes_per_block, fixed_bytes, layout_for, make_kv_pool, with_blocks
 from hafiza.device import dtype_name
-from hafiza.engine.connector import KVConnector
+from hafiza.engine.connector import KVConnector, TierOutcome
 from hafiza.engine.determinism import determinism_header, nondeterminism_reasons
 from hafiza.engine.output import TextOutput, TokenLogprob, token_logprobs
 from hafiza.engine.runner import ModelRunner
@@ -70,7 +70,9 @@ class RequestOutput:
     """What one step produced for one request; `text` is the new text since the last output. `error` is set (with
     finish_reason "error") when this request alone failed: its forward or its sampling raised. `index` is the
     choice (0..n-1) of a request with n choices, each finishing on its own; `logprobs` cover `new_token_ids`;
-    `prompt_logprobs` (one per prompt token, None for the first) come once, on choice 0's first output."""
+    `prompt_logprobs` (one per prompt token, None for the first) come once, on choice 0's first output. `tiers` is
+    how the request's admission found its prompt's K/V (pool, store tiers, computed; the `x-hafiza-tiers`
+    header), on every output once it was admitted."""
 
     request_id: str
     new_token_ids: list[int]
@@ -82,9 +84,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     pinned_tokens: int = 0
-    external_tokens: int = 0
-    external_sources: dict[str, int] = field(default_factory=dict)
-    external_decision: str = ""
+    tiers: TierOutcome | None = None
     arrival_time: float = 0.0
     first_token_time: float | None = None
     error: str | None = None
@@ -466,15 +466,15 @@ class LLMEngine:
         bs = self.layout.block_size
         full = seq.num_computed // bs
         if seq.evicted:
-            seq.num_cached_blocks = full  # K/V computed without the evicted tokens: never offered as a prefix
+            seq.num_registered_blocks = full  # K/V computed without the evicted tokens: never offered as a prefix
             return
-        if full > seq.num_cached_blocks:
+        if full > seq.num_registered_blocks:
             hashes = seq.hashes(bs)
-            for b in range(seq.num_cached_blocks, full):
-                self.blocks.cache_block(seq.block_table[b], hashes[b], seq.token_ids[b * bs : (b + 1) * bs])
-                if self.connector is not None:
+            self.blocks.cache_chain(seq.block_table, hashes, seq.token_ids, seq.num_registered_blocks, full)
+            if self.connector is not None:
+                for b in range(seq.num_registered_blocks, full):
                     self.connector.save(hashes[b], seq.block_table[b])
-            seq.num_cached_blocks = full
+            seq.num_registered_blocks = full
         for pin in seq.pins:
             covered = min(pin.num_tokens, seq.num_prompt_tokens) // bs
             if covered and full >= covered and seq.pinned_tokens < covered * bs:
@@ -537,8 +537,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason, stop_sequence=seq.stop_sequence,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens or 0,
             num_output_tokens=seq.num_output_tokens, pinned_tokens=seq.pinned_tokens,
-            external_tokens=seq.external_tokens, external_sources=dict(seq.external_sources),
-            external_decision=seq.external_decision,
+            tiers=seq.tiers,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time,
         )
 

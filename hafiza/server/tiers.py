@@ -2,12 +2,14 @@
 
 e.g. `decision=load; pool=0; disk=1984; computed=16; why=load: 28.95 MB from disk at 950 MB/s ~ 30.5 ms < ...`:
 tokens from the engine's own pool, from each store tier, and computed; `decision` is load, recompute, miss (no
-tier held the next block) or none (the pool alone covered the prompt, or no lookup was needed). The value comes
-from the request's first output, which carries its admission's tier outcome.
+tier held the next block) or none (the tiers were not asked: the pool covered the prompt, or no lookup was
+needed; `why` then says which). The value comes from the request's first output, which carries its admission's
+tier outcome (`RequestOutput.tiers`).
 """
 
 from __future__ import annotations
 
+from hafiza.engine.connector import TierOutcome
 from hafiza.engine.engine import RequestOutput
 
 HEADER = "x-hafiza-tiers"
@@ -16,11 +18,10 @@ _ASCII = str.maketrans({"≈": "~", "≤": "<=", "≥": ">=", "×": "x", "→": 
 
 def tiers_header(out: RequestOutput) -> str:
     """The `x-hafiza-tiers` value for a request's first output (ASCII only: HTTP headers are latin-1)."""
-    reason = out.external_decision
-    decision = reason.split(":", 1)[0] if reason else "none"
-    parts = [f"decision={decision}", f"pool={out.num_cached_tokens - out.external_tokens}"]
-    parts += [f"{tier}={tokens}" for tier, tokens in out.external_sources.items()]
+    t = out.tiers or TierOutcome(pool_tokens=out.num_cached_tokens)
+    parts = [f"decision={t.decision}", f"pool={t.pool_tokens}"]
+    parts += [f"{tier}={tokens}" for tier, tokens in t.per_tier.items()]
     parts.append(f"computed={out.num_prompt_tokens - out.num_cached_tokens}")
-    if reason:
-        parts.append(f"why={reason.translate(_ASCII)}")
+    if t.reason:
+        parts.append(f"why={t.reason.translate(_ASCII)}")
     return "; ".join(parts).encode("ascii", "replace").decode()

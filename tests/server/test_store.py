@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hafiza.cli.store import StoreOptions, connect_store
 from hafiza.engine import EngineConfig, LLMEngine, RequestOutput
 from hafiza.engine.async_engine import AsyncEngine
+from hafiza.engine.connector import TierOutcome
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread
@@ -41,9 +42,9 @@ def test_no_store_option_means_no_store() -> None:
 
 
 def test_tiers_header_counts_tokens_by_source_in_ascii() -> None:
-    out = RequestOutput("r", [1], "x", False, num_prompt_tokens=2030, num_cached_tokens=2016, external_tokens=2000,
-                        external_sources={"ram": 800, "disk": 1200},
-                        external_decision="load: 1.00 MB from disk at 1 MB/s ≈ 1.0 ms < recompute 2000 tokens ≈ 2.0 s")
+    loaded = TierOutcome("load", "load: 1.00 MB from disk at 1 MB/s ≈ 1.0 ms < recompute 2000 tokens ≈ 2.0 s",
+                         pool_tokens=16, loaded_blocks=125, loaded_tokens=2000, per_tier={"ram": 800, "disk": 1200})
+    out = RequestOutput("r", [1], "x", False, num_prompt_tokens=2030, num_cached_tokens=2016, tiers=loaded)
     value = tiers_header(out)
     assert value.startswith("decision=load; pool=16; ram=800; disk=1200; computed=14; why=load: 1.00 MB")
     assert "~ 1.0 ms" in value and value.isascii()

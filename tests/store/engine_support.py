@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hafiza.engine import CachePin, EngineConfig, LLMEngine, SamplingParams
+from hafiza.engine.connector import TierOutcome
 from hafiza.models import LoadedModel
 from hafiza.store.connector import StoreConnector
 from hafiza.store.tiered import TieredStore
@@ -54,7 +55,9 @@ def serve(engine: LLMEngine, ids: list[int], params: SamplingParams = GREEDY, pi
             tokens += out.new_token_ids
             last = out
     assert last is not None and last.finished
-    return Served(tokens, last.num_cached_tokens, last.external_tokens, last.external_sources, last.external_decision)
+    t = last.tiers or TierOutcome()
+    return Served(tokens, last.num_cached_tokens, t.loaded_tokens, dict(t.per_tier),
+                  t.reason if t.decision != "none" else "")
 
 
 def cold(model: LoadedModel, ids: list[int], params: SamplingParams = GREEDY) -> list[int]:
