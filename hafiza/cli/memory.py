@@ -1,4 +1,4 @@
-"""`hafiza memory`: exact KV bytes per token and for a context, GQA vs what MHA would need."""
+"""`hafiza memory`: exact KV bytes per token and for a context (as the pool's format stores them), GQA vs MHA."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.cli import app
-
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
 def human(n: float) -> str:
@@ -26,18 +24,22 @@ def memory(
     context: Annotated[int, typer.Option(help="Context length in tokens.")],
     model: Annotated[str | None, typer.Option(help="GGUF file or model directory (default: SmolLM2-135M).")] = None,
     batch: Annotated[int, typer.Option(help="Concurrent sequences.")] = 1,
-    dtype: Annotated[str, typer.Option(help="KV dtype: fp32, bf16, fp16, fp8, int8, int4 (payload only).")] = "bf16",
+    dtype: Annotated[str, typer.Option(help="KV dtype: fp32, bf16, fp16, fp8, int8, int4 (payload and scales, "
+                                            "in 16-token blocks, as the pool stores them).")] = "bf16",
     layers: Annotated[int | None, typer.Option(help="Layers (for a model not on disk).")] = None,
     kv_heads: Annotated[int | None, typer.Option(help="KV heads (for a model not on disk).")] = None,
     heads: Annotated[int | None, typer.Option(help="Query heads, for the MHA comparison.")] = None,
     head_dim: Annotated[int | None, typer.Option(help="Head dimension (for a model not on disk).")] = None,
 ) -> None:
     """Print the exact KV-cache size of a model at a context length."""
-    from hafiza.cache.memory import kv_bytes_per_token
+    import torch
+
+    from hafiza.cache.layout import KV_DTYPES, KVLayout
+    from hafiza.cache.pool import bytes_per_token
     from hafiza.errors import HafizaError
 
-    if dtype not in DTYPE_BYTES:
-        raise HafizaError(f"unknown KV dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
+    if dtype not in KV_DTYPES:
+        raise HafizaError(f"unknown KV dtype {dtype!r}: use one of {', '.join(KV_DTYPES)}")
     if context < 1 or batch < 1:
         raise HafizaError("--context and --batch must be positive")
     name = "custom"
@@ -47,8 +49,8 @@ def memory(
         layers, kv_heads, head_dim = layers or cfg.num_layers, kv_heads or cfg.num_kv_heads, head_dim or cfg.head_dim
         heads = heads or cfg.num_heads
     heads = heads or kv_heads
-    per_token = kv_bytes_per_token(layers, kv_heads, head_dim * DTYPE_BYTES[dtype])
-    mha_token = kv_bytes_per_token(layers, heads, head_dim * DTYPE_BYTES[dtype])
+    per_token = bytes_per_token(KVLayout(layers, 1, 16, kv_heads, head_dim, dtype, torch.float32))
+    mha_token = bytes_per_token(KVLayout(layers, 1, 16, heads, head_dim, dtype, torch.float32))
     table = Table(title=f"KV cache of {name}: {layers} layers, {kv_heads} KV heads x {head_dim}, {dtype}")
     for col in ("", "per token", f"{context:,} tokens x {batch}"):
         table.add_column(col, justify="right")

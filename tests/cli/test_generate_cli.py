@@ -84,3 +84,10 @@ def test_memory_llama3_70b_without_weights() -> None:
                   "--head-dim", "128")
     assert proc.returncode == 0, proc.stderr
     assert "bytes_per_token=327680" in proc.stdout and "MHA (64 KV heads)" in proc.stdout
+
+
+def test_memory_counts_scales_as_the_pool_stores_them() -> None:
+    proc = hafiza("memory", "--context", "16", "--dtype", "int8")
+    assert proc.returncode == 0, proc.stderr
+    assert "bytes_per_token=11880" in proc.stdout  # 30 layers x 3 KV heads x 2 (K,V) x (64 codes + 2 B scale)
+    assert_clean_error(hafiza("memory", "--context", "16", "--dtype", "int3"), "unknown KV dtype 'int3'")
