@@ -1,4 +1,4 @@
-"""Which format each weight takes (`--weights auto|q4|q8|bf16|fp32`) and building it one tensor at a time.
+"""Which format each weight takes (auto, q4, q8, bf16 or fp32) and building it one tensor at a time.
 
 A `Source` reads row ranges of one tensor from wherever it lives (a GGUF file, a safetensors dict) as either
 exact quantized integers (`GroupedInts`) or a dense tensor; nothing here ever holds more than one tensor's

@@ -4,7 +4,7 @@ The page and its script ship in `hafiza/server/static/` (no CDN). It polls `GET 
 that JSON is taken on the engine thread (`AsyncEngine.call`), so block counts, prefixes and rates agree with each
 other. Actions: `POST /dashboard/prefixes/{id}/drop` evicts one cached prefix, `POST /dashboard/tiers/{name}/clear`
 empties a store tier (or `pool`: every cached block of the KV pool not held by a request). Keys are sent like
-the API's (`x-api-key` or `Authorization: Bearer`). The state is readable as `--dashboard-auth` says (any API
+the API's (`x-api-key` or `Authorization: Bearer`). The state is readable as `dashboard_auth` says (any API
 key by default), but the text of cached prompts is in it only for the admin key; the actions need the admin key
 (an open server, with no key at all, lets everyone act).
 """

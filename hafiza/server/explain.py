@@ -7,7 +7,7 @@ and a log line for every request that is not a full hit.
 An explanation only ever compares a prompt with earlier prompts of the same cache partition (API key and
 `cache_salt`), since it can reveal how far those prompts agree with it. By default it names no other request and
 no token offset (`at=`, `offset=`, `similar=` are left out of the header; the server log keeps them):
-`details=True` (`--explain-details`) puts them in the header too.
+`details=True` (the `explain_details` setting) puts them in the header too.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ and for state-changing methods a JSON-only body with a same-origin check against
 
 A page on another origin can make a browser send a "simple" POST (form fields, `text/plain`) without asking the
 server first; it can never send `application/json` cross-origin without a CORS preflight, which this server
-refuses unless `--cors-origin` lists that origin. Browsers also say where a request comes from (`Origin`,
+refuses unless `cors_origins` lists that origin. Browsers also say where a request comes from (`Origin`,
 `Sec-Fetch-Site`): anything but this server's own origin (or a listed one) is refused. Clients outside a browser
 send neither header and pass.
 """

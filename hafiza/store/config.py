@@ -1,4 +1,4 @@
-"""CLI-facing parsing: sizes, `--store-disk DIR[:SIZE]`, `--store-redis URL`, and the tier stack they build.
+"""Reading the store settings: sizes, a disk tier `DIR[:SIZE]`, a Redis URL, and the tier stack they build.
 
 Sizes are read by `hafiza.sizes.parse_size`: Ki/Mi/Gi/Ti (or KiB…) are powers of 1024, K/M/G/T (or KB…) powers
 of 1000, a bare number is bytes.
@@ -31,7 +31,7 @@ class StoreConfigError(ConfigError):
 
 @dataclass(frozen=True)
 class DiskSpec:
-    """`--store-disk DIR[:SIZE]` parsed."""
+    """A disk tier `DIR[:SIZE]` parsed."""
 
     path: str
     capacity_bytes: int
@@ -50,7 +50,7 @@ def parse_disk_spec(spec: str) -> DiskSpec:
 
 @dataclass(frozen=True)
 class RedisSpec:
-    """`--store-redis URL` parsed: the URL for the client, whether it is a cluster, prefix and default TTL."""
+    """A Redis tier URL parsed: the URL for the client, whether it is a cluster, prefix and default TTL."""
 
     url: str
     cluster: bool

@@ -51,5 +51,5 @@ async def get_model(model_id: str, state: ServerState = Depends(server_state)) -
 
 @router.get("/metrics", dependencies=[Depends(require_access(lambda s: s.metrics_auth))])
 async def metrics(state: ServerState = Depends(server_state)) -> Response:
-    """Prometheus exposition of every collector on the app's registry (protected as `--metrics-auth` says)."""
+    """Prometheus exposition of every collector on the app's registry (protected as `metrics_auth` says)."""
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
