@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hafiza.cache.memory import kv_bytes_per_token
+import torch
+
+from hafiza.cache.pool import bytes_per_block, layout_for
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.errors import HafizaError
 from hafiza.models import LoadedModel
@@ -32,7 +34,7 @@ def engine_config(loaded: LoadedModel, kv_dtype: str, eviction: str | None, budg
     format fits, int4's staging window included), prefill chunks of `chunk` tokens, one sequence at a time."""
     c = loaded.config
     blocks = -(-max_tokens // block_size) + 4
-    memory = int(kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim * 4) * blocks * block_size)
+    memory = bytes_per_block(layout_for(c, 1, block_size, "fp32", torch.float32)) * blocks
     return EngineConfig(kv_memory=memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=1,
                         max_num_batched_tokens=chunk, eviction=eviction,
                         kv_budget_tokens=budget_tokens if eviction else None)

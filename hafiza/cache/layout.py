@@ -13,7 +13,7 @@ KV_DTYPES = ("bf16", "fp16", "fp32", "fp8", "int8", "int4")
 
 
 def check_kv_dtype(kv_dtype: str) -> None:
-    """Refuse a KV storage kind that no pool format implements."""
+    """Refuse a KV storage dtype that no pool format implements."""
     if kv_dtype not in KV_DTYPES:
         raise KVDtypeError(f"unknown KV cache dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}",
                            setting="kv_dtype")

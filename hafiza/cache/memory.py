@@ -12,7 +12,7 @@ from hafiza.sizes import parse_size
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, bytes_per_head: float) -> float:
     """Bytes one token's K and V take over all layers, given the bytes one head of K (or of V) takes:
-    `head_dim * bits / 8` at full precision, plus any per-token share of scales for a quantised kind."""
+    `head_dim * bits / 8` at full precision, plus any per-token share of scales for a quantised kv_dtype."""
     return float(2 * num_layers * num_kv_heads * bytes_per_head)
 
 

@@ -68,6 +68,17 @@ def test_bf16_pool_is_the_full_precision_format(layout: KVLayout) -> None:
     assert torch.equal(same.gather(0, torch.tensor([[0]]))[0][0], k)
 
 
+PAYLOAD = {"fp32": ("k", "v"), "bf16": ("k", "v"), "fp16": ("k", "v"), "fp8": ("kq", "vq", "ks", "vs"),
+           "int8": ("kq", "vq", "ks", "vs"), "int4": ("kq", "vq", "kscale", "kzero", "vscale", "vzero")}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bytes_per_block_is_what_the_pool_allocates_per_block(kind: str, layout: KVLayout) -> None:
+    pool = _pool(kind, replace(layout, num_layers=2))
+    stored = sum(getattr(pool, name)[i][0].nbytes for name in PAYLOAD[kind] for i in range(2))
+    assert stored == pool.bytes_per_block
+
+
 def test_bytes_per_token_count_payload_and_scales() -> None:
     lay = KVLayout(30, 1, 16, 3, 64, "fp32", torch.float32)
     assert bytes_per_token(lay) == 2 * 30 * 3 * 64 * 4
