@@ -137,3 +137,23 @@ def test_engine_invariants_under_random_request_streams(tiny_llama: LoadedModel,
         engine.step()
         engine.check_integrity()
     assert engine.stats().blocks.in_use == 0
+
+
+def test_admission_records_where_the_prompt_came_from(tiny_llama: LoadedModel) -> None:
+    prompt = list(range(200, 241))
+    engine = small_engine(tiny_llama)
+    first = engine.generate([prompt], SamplingParams(max_tokens=0))[0]
+    assert first.num_cached_tokens == 0
+    engine.add_request(prompt, SamplingParams(max_tokens=0))
+    (out,) = engine.step()
+    assert out.tiers is not None and out.tiers.pool_tokens == out.num_cached_tokens == 40
+    assert (out.tiers.decision, out.tiers.reason, out.tiers.loaded_tokens) == ("none", "no tiers are attached", 0)
+    assert engine.blocks.prefix_cache_queries == 2 * len(prompt) and engine.blocks.prefix_cache_hits == 40
+
+    off = small_engine(tiny_llama, enable_prefix_caching=False)
+    off.generate([prompt], SamplingParams(max_tokens=0))
+    off.add_request(prompt, SamplingParams(max_tokens=0))
+    (out,) = off.step()
+    assert out.tiers is not None and (out.tiers.reason, out.tiers.cached_tokens) == ("prefix caching is off", 0)
+    assert off.blocks.prefix_cache_queries == off.blocks.prefix_cache_hits == 0
+    off.check_integrity()
