@@ -31,7 +31,9 @@ class NoFreeBlocksError(RuntimeError):
 
 @dataclass
 class Block:
-    """One KV block's bookkeeping; its K/V live in the pool at index `block_id`."""
+    """One KV block's bookkeeping; its K/V live in the pool at index `block_id`. While cached (`hash` set):
+    `parent` is the hash of the block before it in its chain (None at `position` 0), `uses` counts the requests
+    that registered or hit it, `last_used` is when one last took or released it (the manager's clock)."""
 
     block_id: int
     ref_count: int = 0
@@ -43,11 +45,6 @@ class Block:
     position: int = 0
     uses: int = 0
     last_used: float = 0.0
-
-    @property
-    def cached(self) -> bool:
-        """Holds registered content (hash set): a prefix hit may reuse it until it is evicted."""
-        return self.hash is not None
 
 
 @dataclass(frozen=True)
