@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import zlib
 
 import numpy as np
 import torch
 
 from hafiza.codec import container
+from hafiza.codec.checksum import crc32
 from hafiza.codec.coders import CODER_IDS, resolve_coder
 from hafiza.codec.context import CodecContext
 from hafiza.codec.errors import (
@@ -18,11 +18,12 @@ from hafiza.codec.errors import (
     FormatError,
     PredictionMismatchError,
 )
-from hafiza.codec.formats import bits_tensor, format_of, tensor_bits
+from hafiza.codec.formats import format_of, tensor_bits
 from hafiza.codec.layout import chunks, view_shape
 from hafiza.codec.predictors import PREDICTOR_IDS, Predictor, resolve_predictor
 
 MAX_ELEMENTS = 1 << 40
+_SIGNED = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
 
 
 def encode(tensor: torch.Tensor, context: CodecContext | None = None) -> bytes:
@@ -46,7 +47,7 @@ def encode(tensor: torch.Tensor, context: CodecContext | None = None) -> bytes:
     for ref in refs:
         chunk = np.ascontiguousarray(bits[ref.group, ref.start : ref.stop])
         pred_crc = bound_pred.digest(ref) if bound_pred is not None else 0
-        records.append(container.ChunkRecord(0, zlib.crc32(chunk.tobytes()), pred_crc))
+        records.append(container.ChunkRecord(0, crc32(chunk), pred_crc))
         payloads.append(bound.encode(chunk, ref))
     header = container.Header(fmt, shape, coder.id, predictor.id if predictor else 0, ctx.chunk_tokens,
                               chunks=records)
@@ -81,21 +82,21 @@ def decode(data: bytes | bytearray | memoryview, context: CodecContext | None = 
         bound = coder.bind(model, fmt, vshape, bound_pred)
     except (ValueError, IndexError) as exc:
         raise FormatError(f"hafiza KV container model block is inconsistent ({exc})") from exc
-    out = np.empty(vshape, fmt.uint)
+    result = torch.empty(vshape, dtype=_SIGNED[fmt.width])  # decoded in place: no copy on the way out
+    out = result.numpy().view(fmt.uint)
     for ref, rec, payload in zip(chunks(shape, header.chunk_tokens), header.chunks, payloads, strict=True):
         if bound_pred is not None and bound_pred.digest(ref) != rec.prediction_crc:
             raise PredictionMismatchError(
                 f"chunk {ref.index}: the {predictor.name} prediction differs from the encoder's; "
                 "recompute this KV from its tokens")
+        dst = out[ref.group, ref.start : ref.stop]
         try:
-            chunk = bound.decode(payload, ref)
+            bound.decode_into(payload, ref, dst)
         except Exception as exc:
             raise ChecksumError(f"chunk {ref.index} is corrupt: it cannot be decoded ({exc})") from exc
-        chunk = np.ascontiguousarray(chunk, fmt.uint)
-        if chunk.shape != (ref.stop - ref.start, vshape[2]) or zlib.crc32(chunk.tobytes()) != rec.raw_crc:
+        if crc32(dst) != rec.raw_crc:
             raise ChecksumError(f"chunk {ref.index} is corrupt: its checksum does not match")
-        out[ref.group, ref.start : ref.stop] = chunk
-    return bits_tensor(out.reshape(shape), fmt)
+    return result.view(fmt.torch_dtype).reshape(shape)
 
 
 def _decode_predictor(header: container.Header, ctx: CodecContext) -> Predictor:

@@ -9,6 +9,7 @@ from hafiza.codec.formats import tensor_bits
 
 CODER_CASES = [
     ("raw", None), ("zstd", None), ("exponent", None), ("predictive", "previous-token"), ("planes", None),
+    ("fast", None),
 ]
 
 

@@ -40,27 +40,36 @@ def test_real_kv_roundtrips(kv: tuple, coder: str, predictor: str | None) -> Non
         assert same_bits(decode(encode(x, ctx), ctx), x)
 
 
-def test_planes_stores_real_kv_in_fewer_bytes_than_zstd(kv: tuple) -> None:
-    """The hot-tier coder must pay for itself in size: below the byte-shuffle zstd coder on real bf16 KV,
+@pytest.mark.parametrize("coder", ["planes", "fast"])
+def test_hot_tier_coders_store_real_kv_in_fewer_bytes_than_zstd(kv: tuple, coder: str) -> None:
+    """A hot-tier coder must pay for itself in size: below the byte-shuffle zstd coder on real bf16 KV,
     also in the store's block layout ([16 tokens, layers x K/V x channels], one chunk)."""
     _, k, v = kv
     for x in (k, v, torch.stack([k, v], 1)[:, :, :16].permute(2, 0, 1, 3, 4).reshape(16, -1)):
-        planes = encode(x, CodecContext(coder="planes"))
-        assert len(planes) < len(encode(x, CodecContext(coder="zstd")))
-        assert same_bits(decode(planes), x)
+        coded = encode(x, CodecContext(coder=coder))
+        assert len(coded) < len(encode(x, CodecContext(coder="zstd")))
+        assert same_bits(decode(coded), x)
+
+
+def test_fast_stores_real_kv_in_fewer_bytes_than_planes(kv: tuple) -> None:
+    """The fast coder codes sign and exponent as one symbol, so it must not cost more than planes' layout."""
+    _, k, v = kv
+    fast = sum(len(encode(x, CodecContext(coder="fast"))) for x in (k, v))
+    assert fast < sum(len(encode(x, CodecContext(coder="planes"))) for x in (k, v))
 
 
 @pytest.mark.parametrize(("variant", "exact"), [("bf16-mixed", 0), ("bf16", 2), ("int8", 0)])
 def test_speculative_roundtrip_with_a_fresh_decoder(default_model: LoadedModel, kv: tuple, variant: str,
                                                      exact: int) -> None:
     ids, k, v = kv
+    # One run predicts both K and V (a predictor memoises its last tokens), so the encoder's predictor serves both
+    # roles, and so does the decoder's: a separate instance that reruns the model from the tokens alone.
+    encoder = SpeculativePredictor(default_model, variant, exact)
+    decoder = SpeculativePredictor(default_model, variant, exact)
     for role, x in (("k", k), ("v", v)):
-        enc_ctx = CodecContext(coder="predictive", token_ids=ids, role=role, chunk_tokens=64,
-                               predictor=SpeculativePredictor(default_model, variant, exact))
-        data = encode(x, enc_ctx)
-        dec_ctx = CodecContext(token_ids=ids, role=role,
-                               predictor=SpeculativePredictor(default_model, variant, exact))
-        assert same_bits(decode(data, dec_ctx), x)
+        data = encode(x, CodecContext(coder="predictive", token_ids=ids, role=role, chunk_tokens=64,
+                                      predictor=encoder))
+        assert same_bits(decode(data, CodecContext(token_ids=ids, role=role, predictor=decoder)), x)
         assert len(data) * 8 / x.numel() < 10.0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hafiza.codec.coders.base import BoundCoder, Coder
 from hafiza.codec.coders.exponent import ExponentCoder
+from hafiza.codec.coders.fast import FastCoder
 from hafiza.codec.coders.planes import PlanesCoder
 from hafiza.codec.coders.predictive import PredictiveCoder
 from hafiza.codec.coders.raw import RawCoder
@@ -11,7 +12,7 @@ from hafiza.codec.coders.zstd import ZstdCoder
 from hafiza.codec.errors import CodecError
 
 CODERS: dict[str, type[Coder]] = {
-    c.name: c for c in (RawCoder, ZstdCoder, ExponentCoder, PredictiveCoder, PlanesCoder)
+    c.name: c for c in (RawCoder, ZstdCoder, ExponentCoder, PredictiveCoder, PlanesCoder, FastCoder)
 }
 CODER_IDS: dict[int, type[Coder]] = {c.id: c for c in CODERS.values()}
 

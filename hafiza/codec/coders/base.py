@@ -21,6 +21,14 @@ class BoundCoder(ABC):
     @abstractmethod
     def decode(self, payload: memoryview, ref: ChunkRef) -> np.ndarray: ...
 
+    def decode_into(self, payload: memoryview, ref: ChunkRef, out: np.ndarray) -> None:
+        """Decode straight into `out` (the chunk's [tokens, channels] slice of the result); coders that can
+        write there themselves override this to save a copy."""
+        chunk = self.decode(payload, ref)
+        if chunk.shape != out.shape:
+            raise ValueError(f"chunk decoded to shape {chunk.shape}, expected {out.shape}")
+        np.copyto(out, chunk, casting="unsafe")
+
 
 class Coder(ABC):
     """A lossless coder, named in the container by `id`."""
