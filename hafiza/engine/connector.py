@@ -80,8 +80,9 @@ class KVConnector(ABC):
         """A block just became full and cached in the pool under `block_hash`: write it down the tiers."""
 
     @abstractmethod
-    def lookup(self, hashes: Sequence[str]) -> TierHit:
-        """How many leading blocks of `hashes` the tiers hold, and whether loading them beats recompute."""
+    def lookup(self, hashes: Sequence[str], token_ids: Sequence[int] = (), first_block: int = 0) -> TierHit:
+        """How many leading blocks of `hashes` the tiers hold, and whether loading them beats recompute.
+        `hashes` are blocks `first_block`… of the prompt `token_ids` (a codec may rerun a predictor on them)."""
 
     @abstractmethod
     def load(self, hit: TierHit, block_ids: Sequence[int]) -> TierLoad:

@@ -241,7 +241,7 @@ class Scheduler:
                    or ("the pool holds every reusable block" if pool.num_blocks >= limit else ""))
         if skipped or self.connector is None:
             return TierMatch(skipped=skipped)
-        return TierMatch(self.connector.lookup(hashes[pool.num_blocks : limit]))
+        return TierMatch(self.connector.lookup(hashes[pool.num_blocks : limit], seq.token_ids, pool.num_blocks))
 
     def _register(self, seq: Sequence, hashes: Seq[str], alloc: Allocation, tiers: TierMatch, num_new: int,
                   budget: int) -> Registration:

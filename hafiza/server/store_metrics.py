@@ -120,13 +120,19 @@ class ConnectorCollector(Collector):
         for name, doc, value in (
             ("store_saves", "Full blocks handed to the store connector.", s.saves),
             ("store_saves_skipped", "Blocks not written: every tier already held them.", s.saves_skipped),
-            ("store_saves_dropped", "Blocks not written: the encoder queue was full.", s.saves_dropped),
+            ("store_saves_dropped", "Blocks not written: the store's write queue was full.", s.saves_dropped),
             ("store_encode_errors", "Blocks the codec failed to encode.", s.encode_errors),
             ("store_lookup_errors", "Admission lookups that failed inside the store (answered as misses).",
              s.lookup_errors),
             ("store_blocks_loaded", "Blocks loaded from the tiers into the pool.", s.blocks_loaded),
             ("store_blocks_corrupt", "Loaded blocks that failed the codec's checks (dropped, recomputed).",
              s.blocks_corrupt),
+            ("store_prediction_mismatches", "Speculative blocks whose predictor rerun differed here (recomputed).",
+             s.prediction_mismatches),
+            ("store_decode_fallbacks", "Loads that ended at a block failing to decode (the rest recomputed).",
+             s.decode_fallbacks),
+            ("store_predictor_seconds", "Wall seconds spent rerunning the speculative codec's predictor.",
+             s.predictor_seconds),
         ):
             c = CounterMetricFamily(f"hafiza:{name}", doc)
             c.add_metric([], value)
@@ -136,6 +142,7 @@ class ConnectorCollector(Collector):
         for decision, count in s.decisions.items():
             decisions.add_metric([decision], count)
         yield decisions
-        pending = GaugeMetricFamily("hafiza:store_encode_queue_bytes", "Raw block bytes waiting for the encoder.")
-        pending.add_metric([], s.pending_bytes)
+        pending = GaugeMetricFamily("hafiza:store_encode_queue_bytes",
+                                    "Bytes waiting in the store's write queue (raw size of blocks not yet encoded).")
+        pending.add_metric([], self.connector.store.stats().queue_bytes)
         yield pending

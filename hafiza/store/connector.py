@@ -1,14 +1,18 @@
-"""StoreConnector: the engine's KVConnector over a TieredStore (RAM → disk → Redis).
+"""StoreConnector: the engine's KVConnector over a TieredStore (RAM → disk → Redis), one codec per tier.
 
-- `save` (engine thread): copy the full block out of the pool and queue it; an encoder thread skips keys the
-  tiers already hold, encodes the rest with the codec and hands them to the store's writer (`put_async`).
-  The engine thread never waits on the codec or on I/O; a full queue drops the save (counted).
-- `lookup` (engine thread, at admission): the longest prefix some tier holds, and the cost model's load vs
-  recompute decision (stored bytes over measured tier bandwidth + measured decode time, against tokens over
-  the measured prefill speed the engine feeds through `observe_prefill`).
-- `load` (engine thread): takes the `TierHit` that `lookup` returned; fetch, decode (the codec's checksums: a
-  corrupt entry is dropped from every tier and recomputed), write into the pool. It returns a `TierLoad`: the
-  tier of each block that arrived, and a note when fewer blocks than promised did.
+- `save` (engine thread): copy the full block out of the pool and hand it to the store's one background
+  pipeline (`TieredStore.put_async`) with a function that, on the store's writer thread, skips tiers that
+  already hold the key and encodes the block with each remaining tier's codec (once per codec). The engine
+  thread never waits on a codec or on I/O; a full queue drops the save (counted).
+- `lookup` (engine thread, at admission): the longest prefix some tier holds, and the cost model's plan: load
+  and decode, load and rerun the predictor on the prefix tokens and decode (a tier with the `speculative`
+  codec), or recompute — from stored bytes over measured tier bandwidth, measured decode time per codec,
+  measured predictor speed, against tokens over the measured prefill speed (`observe_prefill`).
+- `load` (engine thread): takes the `TierHit` that `lookup` returned; fetch, decode (the codec's checksums; a
+  corrupt entry is dropped from every tier), write into the pool, and promote blocks into the faster tiers
+  (re-encoded when their codec differs) through the pipeline. A decode failure of any kind, including
+  PredictionMismatchError (this instance cannot reproduce the encoder's prediction), ends the load there: the
+  rest is recomputed and counted (`decode_fallbacks`), so output is never wrong. It returns a `TierLoad`.
 
 TTL (only Redis applies one; RAM and disk evict by LRU): a block under an API cache breakpoint (`CachePin`,
 Anthropic `cache_control`) is written with the pin's TTL (e.g. 1 h), never less than the default; any other
@@ -17,7 +21,6 @@ block gets `default_ttl_s` (5 min, the API's default cache TTL).
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,19 +29,24 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hafiza.codec.errors import PredictionMismatchError
 from hafiza.engine.connector import KVConnector, TierHit, TierLoad
-from hafiza.store.codecs import DEFAULT_STORE_CODEC, check_codec, decode_block, encode_block
+from hafiza.errors import ConfigError
+from hafiza.store.codecs import DEFAULT_STORE_CODEC, TOKEN_CODECS, check_codec, decode_block, encode_block
 from hafiza.store.keys import block_key
 from hafiza.store.logs import store_log
 from hafiza.store.redis_store import DEFAULT_TTL_S
+from hafiza.store.speculative import BlockPredictor, BlockwiseKV
 from hafiza.store.tiered import TieredStore
 
 if TYPE_CHECKING:
     from hafiza.cache.pool import KVPool
     from hafiza.engine.engine import LLMEngine
+    from hafiza.models.llama import LlamaModel
 
 
 PinTTL = Callable[[int], "float | None"]
+BlockTokens = Callable[[int], "list[int] | None"]
 
 
 @dataclass
@@ -54,20 +62,22 @@ class ConnectorStats:
     loads: int = 0
     blocks_loaded: int = 0
     blocks_corrupt: int = 0
+    prediction_mismatches: int = 0
+    decode_fallbacks: int = 0
+    predictor_seconds: float = 0.0
     lookup_errors: int = 0
-    pending_bytes: int = 0
-    decisions: dict[str, int] = field(default_factory=lambda: {"load": 0, "recompute": 0, "miss": 0})
+    decisions: dict[str, int] = field(
+        default_factory=lambda: {"load": 0, "predict": 0, "recompute": 0, "miss": 0})
 
 
-@dataclass
-class _Save:
-    key: str
-    block: torch.Tensor
-    ttl_s: float | None
+@dataclass(frozen=True)
+class StoreHit(TierHit):
+    """A TierHit that also carries what `load` needs again: the prefix tokens (for the speculative codec's
+    predictor), the index of the hit's first block in the prompt and the cost model's plan."""
 
-    @property
-    def nbytes(self) -> int:
-        return self.block.numel() * self.block.element_size()
+    token_ids: tuple[int, ...] = ()
+    first_block: int = 0
+    plan: str = "load"
 
 
 class _Average:
@@ -94,14 +104,27 @@ class StoreConnector(KVConnector):
         block_shape: tuple[int, int, int, int],
         torch_dtype: torch.dtype,
         codec: str = DEFAULT_STORE_CODEC,
+        tier_codecs: dict[str, str] | None = None,
         default_ttl_s: float | None = DEFAULT_TTL_S,
         pin_ttl: PinTTL | None = None,
-        max_pending_bytes: int = 128 << 20,
+        block_tokens: BlockTokens | None = None,
+        target: LlamaModel | None = None,
     ) -> None:
-        """`block_shape` is (layers, block_size, kv_heads, head_dim); `pin_ttl(block_id)` gives the TTL of a
-        block under an API cache breakpoint (None when unpinned)."""
+        """`block_shape` is (layers, block_size, kv_heads, head_dim); `codec` is every tier's codec unless
+        `tier_codecs` names another for a tier (by tier name). `pin_ttl(block_id)` gives the TTL of a block under
+        an API cache breakpoint (None when unpinned); `block_tokens(block_id)` the prompt tokens up to the end of
+        a running block, and `target` the model whose cheaper rerun predicts K/V (both needed by `speculative`)."""
         self.store, self.pool = store, pool
         self.codec = check_codec(codec)
+        unknown = set(tier_codecs or {}) - set(store.names)
+        if unknown:
+            raise ConfigError(f"codec given for tier(s) {sorted(unknown)}, but the tiers are {store.names}",
+                              setting="store_codec")
+        self.codecs = [check_codec((tier_codecs or {}).get(name, codec)) for name in store.names]
+        if store.write_back and len(set(self.codecs)) > 1:
+            given = ", ".join(f"{n}={c}" for n, c in zip(store.names, self.codecs, strict=True))
+            raise ConfigError(f"write-back needs one codec for every tier, got {given} (an entry leaving RAM is "
+                              "written down as it is)", setting="store_write_back")
         self.model_fingerprint, self.kv_dtype = model_fingerprint, kv_dtype
         layers, self.block_size, heads, dim = block_shape
         self.shape = (layers, 2, self.block_size, heads, dim)
@@ -109,22 +132,25 @@ class StoreConnector(KVConnector):
         self.raw_block_bytes = 2 * layers * self.block_size * heads * dim * torch.finfo(torch_dtype).bits // 8
         self.default_ttl_s = default_ttl_s
         self.pin_ttl = pin_ttl
-        self.max_pending_bytes = max_pending_bytes
+        self.block_tokens = block_tokens
+        self.predictor: BlockPredictor | None = None
+        if TOKEN_CODECS & set(self.codecs):
+            if target is None or block_tokens is None:
+                raise ConfigError("the speculative codec needs the model and the blocks' tokens (use for_engine)",
+                                  setting="store_codec")
+            kv = BlockwiseKV(target, self.block_size, on_run=self._observe_predict)
+            self.predictor = BlockPredictor(kv, f"{model_fingerprint}:{kv_dtype}")
         self.stats = ConnectorStats()
-        self._stored_bytes = _Average()
-        self._decode_s = _Average()
+        self._stored_bytes = {c: _Average() for c in set(self.codecs)}
+        self._decode_s = {c: _Average() for c in set(self.codecs)}
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._queued = 0
-        self._queue: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
         self._closed = False
-        self._worker = threading.Thread(target=self._encode_loop, name="hafiza-store-encoder", daemon=True)
-        self._worker.start()
+        store.key_of = self._tier_key
 
     @classmethod
     def for_engine(
         cls, engine: LLMEngine, store: TieredStore, *, codec: str = DEFAULT_STORE_CODEC,
-        default_ttl_s: float | None = DEFAULT_TTL_S, max_pending_bytes: int = 128 << 20,
+        tier_codecs: dict[str, str] | None = None, default_ttl_s: float | None = DEFAULT_TTL_S,
     ) -> StoreConnector:
         """A connector for `engine`'s pool, model fingerprint, KV dtype, block size and cache pins. The stored
         block's shape and dtype are whatever the pool's `read_blocks` gives (the storage dtype of a
@@ -136,34 +162,45 @@ class StoreConnector(KVConnector):
         return cls(
             store, engine.kv, model_fingerprint=model_fp, kv_dtype=kv_dtype,
             block_shape=(layers, block_size, heads, dim), torch_dtype=probe.dtype,
-            codec=codec, default_ttl_s=default_ttl_s, pin_ttl=engine_pin_ttl(engine),
-            max_pending_bytes=max_pending_bytes,
+            codec=codec, tier_codecs=tier_codecs, default_ttl_s=default_ttl_s, pin_ttl=engine_pin_ttl(engine),
+            block_tokens=engine_block_tokens(engine), target=engine.runner.model,
         )  # fmt: skip
 
-    def key(self, block_hash: str) -> str:
-        """The store key of a block: its chained prefix hash qualified by model, KV dtype, block size, codec."""
-        return block_key(block_hash, self.model_fingerprint, self.kv_dtype, self.block_size, self.codec)
+    def _tier_key(self, j: int, block_hash: str) -> str:
+        return block_key(block_hash, self.model_fingerprint, self.kv_dtype, self.block_size, self.codecs[j])
 
-    # -- save: engine thread copies, encoder thread encodes and queues the write -----------------------------
+    def key(self, block_hash: str, tier: int = 0) -> str:
+        """The store key of a block in a tier (default the first): its chained prefix hash qualified by model,
+        KV dtype, block size and the tier's codec."""
+        return self._tier_key(tier, block_hash)
+
+    def _observe_predict(self, num_tokens: int, seconds: float) -> None:
+        with self._lock:
+            self.stats.predictor_seconds += seconds
+        self.store.cost.observe_predict(num_tokens, seconds)
+
+    def _thread_predict_s(self) -> float:
+        """Seconds this thread has spent in predictor runs (decode time is measured without them)."""
+        return self.predictor.kv.thread_seconds() if self.predictor is not None else 0.0
+
+    # -- save: the engine thread copies; the store's pipeline encodes per tier codec and writes -------------
 
     def save(self, block_hash: str, block_id: int) -> None:
-        """Copy the block out and queue it (dropped, and counted, when the encoder is too far behind)."""
+        """Copy the block out and queue it (dropped, and counted, when the pipeline is too far behind)."""
         if self._closed:
             return
         self.stats.saves += 1
         try:
-            job = _Save(self.key(block_hash), self.pool.read_blocks([block_id])[:, :, 0], self._ttl(block_id))
+            block = self.pool.read_blocks([block_id])[:, :, 0]
+            tokens = self.block_tokens(block_id) if self.predictor is not None and self.block_tokens else None
         except Exception:
             store_log.error(f"connector {id(self)} copy", "store: cannot copy block %d out of the pool; not saved",
                             block_id, exc_info=True)  # fmt: skip
             return
-        with self._lock:
-            if self._queued and self.stats.pending_bytes + job.nbytes > self.max_pending_bytes:
-                self.stats.saves_dropped += 1
-                return
-            self._queued += 1
-            self.stats.pending_bytes += job.nbytes
-        self._queue.put(job)
+        nbytes = block.numel() * block.element_size()
+        if not self.store.put_async(block_hash, self._encoder(block_hash, block, tokens), self._ttl(block_id),
+                                    raw_nbytes=nbytes):
+            self.stats.saves_dropped += 1
 
     def _ttl(self, block_id: int) -> float | None:
         """The pin's TTL for a block under a cache breakpoint (never below the default), else the default."""
@@ -172,40 +209,47 @@ class StoreConnector(KVConnector):
         pinned = self.pin_ttl(block_id) if self.pin_ttl is not None else None
         return max(self.default_ttl_s, pinned or 0.0)
 
-    def _present(self, key: str) -> bool:
-        """Whether the store already holds `key` where a write would put it (every tier; write-back: RAM)."""
-        tiers = self.store.tiers[:1] if self.store.write_back else self.store.tiers
-        return bool(tiers) and all(t.contains(key) for t in tiers)
+    def _encoder(self, block_hash: str, block: torch.Tensor, tokens: list[int] | None, skip_present: bool = True
+                 ) -> Callable[[int], bytes | None]:
+        """Tier j's bytes for a block, on the pipeline thread: None when the tier holds it already (or it cannot
+        be coded for that tier); each codec encodes once."""
+        blobs: dict[str, bytes | None] = {}
+        skipped: list[int] = []
 
-    def _encode_loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            try:
-                if self._present(job.key):
+        def value_for(j: int) -> bytes | None:
+            if skip_present and self.store.tiers[j].contains(self._tier_key(j, block_hash)):
+                skipped.append(j)
+                if len(skipped) == len(self.store.tiers if not self.store.write_back else self.store.tiers[:1]):
                     self.stats.saves_skipped += 1
-                    continue
-                blob = encode_block(job.block, self.codec)
-                with self._lock:
-                    self._stored_bytes.add(len(blob))
-                    self.stats.encoded_blocks += 1
-                self.store.put_async(job.key, blob, ttl_s=job.ttl_s, raw_nbytes=job.nbytes)
-            except Exception:
+                return None
+            codec = self.codecs[j]
+            if codec not in blobs:
+                blobs[codec] = self._encode(block_hash, block, codec, tokens)
+            return blobs[codec]
+
+        return value_for
+
+    def _encode(self, block_hash: str, block: torch.Tensor, codec: str, tokens: list[int] | None) -> bytes | None:
+        try:
+            if codec in TOKEN_CODECS and not tokens:
+                raise ValueError("the block's tokens are unknown (its sequence is no longer running)")
+            blob = encode_block(block, codec, tokens, self.predictor)
+        except Exception:
+            with self._lock:
                 self.stats.encode_errors += 1
-                store_log.error(f"connector {id(self)} encode", "store: encoding block %s failed; not saved", job.key,
-                                exc_info=True)  # fmt: skip
-            finally:
-                with self._lock:
-                    self._queued -= 1
-                    self.stats.pending_bytes -= job.nbytes
-                    if self._queued == 0:
-                        self._idle.notify_all()
+            store_log.error(f"connector {id(self)} encode", "store: encoding block %s with %s failed; not saved",
+                            block_hash, codec, exc_info=True)  # fmt: skip
+            return None
+        with self._lock:
+            self._stored_bytes[codec].add(len(blob))
+            self.stats.encoded_blocks += 1
+        return blob
 
     # -- lookup and load: engine thread, at admission ------------------------------------------------------
 
-    def lookup(self, hashes: Sequence[str]) -> TierHit:
-        """The tiers' longest run of `hashes` and whether loading it beats recomputing.
+    def lookup(self, hashes: Sequence[str], token_ids: Sequence[int] = (), first_block: int = 0) -> TierHit:
+        """The tiers' longest run of `hashes` (blocks `first_block`… of the prompt `token_ids`) and whether
+        loading it beats recomputing.
 
         Runs on the engine thread, so it never raises: any failure is a miss (the request recomputes).
         """
@@ -213,7 +257,7 @@ class StoreConnector(KVConnector):
         if not hashes or self._closed:
             return TierHit()
         try:
-            return self._lookup(hashes)
+            return self._lookup(hashes, token_ids, first_block)
         except Exception as e:
             self.stats.lookup_errors += 1
             self.stats.decisions["miss"] += 1
@@ -221,55 +265,99 @@ class StoreConnector(KVConnector):
                             len(hashes), exc_info=True)  # fmt: skip
             return TierHit(reason=f"miss: store lookup failed ({type(e).__name__}: {e})")
 
-    def _lookup(self, hashes: Sequence[str]) -> TierHit:
-        keys = [self.key(h) for h in hashes]
-        found = self.store.lookup_prefix(keys)
+    def _lookup(self, hashes: Sequence[str], token_ids: Sequence[int], first_block: int) -> TierHit:
+        found = self.store.lookup_prefix(hashes)
         n = found.num_hits
         if n == 0:
             self.stats.decisions["miss"] += 1
-            return TierHit(reason=f"miss: none of the next {len(keys)} blocks is in a store tier")
-        per_block = self._stored_bytes.value if self._stored_bytes.samples else self.raw_block_bytes
-        by_tier = {tier: int(count * per_block) for tier, count in found.per_tier().items()}
-        decode_s = self._decode_s.value * n
-        decision = self.store.cost.decide(n * self.block_size, by_tier, extra_s=decode_s)
-        self.stats.decisions["load" if decision.load else "recompute"] += 1
-        return TierHit(tuple(hashes[:n]), tuple(found.sources[:n]), decision.load, decision.reason)
+            return TierHit(reason=f"miss: none of the next {len(hashes)} blocks is in a store tier")
+        index = {name: j for j, name in enumerate(self.store.names)}
+        by_tier: dict[str, int] = {}
+        decode_s, predicted = 0.0, False
+        with self._lock:
+            for name, count in found.per_tier().items():
+                codec = self.codecs[index[name]]
+                avg = self._stored_bytes[codec]
+                by_tier[name] = int(count * (avg.value if avg.samples else self.raw_block_bytes))
+                decode_s += self._decode_s[codec].value * count
+                predicted = predicted or codec in TOKEN_CODECS
+        end = (first_block + n) * self.block_size
+        if predicted and len(token_ids) < end:
+            self.stats.decisions["miss"] += 1
+            return TierHit(reason=f"miss: the speculative codec needs the prefix tokens, {len(token_ids)} given")
+        decision = self.store.cost.decide(n * self.block_size, by_tier, decode_s, end if predicted else 0)
+        self.stats.decisions[decision.plan] += 1
+        return StoreHit(tuple(hashes[:n]), tuple(found.sources[:n]), decision.load, decision.reason,
+                        tuple(token_ids[:end]), first_block, decision.plan)
 
     def load(self, hit: TierHit, block_ids: Sequence[int]) -> TierLoad:
         """Fetch, verify and write the hit's leading blocks into `block_ids`; which arrived intact, from where."""
-        keys = [self.key(h) for h in hit.hashes[: len(block_ids)]]
+        names = list(hit.hashes[: len(block_ids)])
+        tokens = list(hit.token_ids) if isinstance(hit, StoreHit) else []
+        first = hit.first_block if isinstance(hit, StoreHit) else 0
         self.stats.loads += 1
         blocks: list[torch.Tensor] = []
+        note = ""
         try:
-            values = self.store.load(keys)
-            t0 = time.perf_counter()
-            for key, value in zip(keys, values, strict=False):
+            fetched = self.store.load(names)
+            for i, (name, value, j) in enumerate(zip(names, fetched.values, fetched.sources, strict=False)):
+                codec = self.codecs[j]
+                prefix = tokens[: (first + i + 1) * self.block_size] if codec in TOKEN_CODECS else None
+                t0, p0 = time.perf_counter(), self._thread_predict_s()
                 try:
-                    blocks.append(decode_block(value, self.shape, self.torch_dtype))
+                    block = decode_block(value, self.shape, self.torch_dtype, prefix, self.predictor)
                 except Exception as exc:
-                    self._drop_corrupt(key, exc)
+                    note = self._decode_failed(name, j, exc)
                     break
+                seconds = time.perf_counter() - t0 - (self._thread_predict_s() - p0)
+                with self._lock:
+                    self._decode_s[codec].add(max(seconds, 0.0))
+                blocks.append(block)
+                if j > 0:
+                    self.store.put_async(name, self._promoter(name, value, j, block, prefix), None,
+                                         raw_nbytes=self.raw_block_bytes, targets=range(j))
             if blocks:
-                self._decode_s.add((time.perf_counter() - t0) / len(blocks))
                 self.pool.write_blocks(list(block_ids[: len(blocks)]), torch.stack(blocks, dim=2))
         except Exception:
             store_log.error(f"connector {id(self)} load", "store: loading %d blocks failed; recomputing them",
-                            len(keys), exc_info=True)  # fmt: skip
+                            len(names), exc_info=True)  # fmt: skip
             blocks = []
         n = len(blocks)
         self.stats.blocks_loaded += n
-        note = f"only {n} of {len(keys)} blocks arrived intact, the rest were recomputed" if n < len(keys) else ""
-        return TierLoad(hit.sources[:n], note)
+        if n < len(names):
+            why = f" ({note})" if note else ""
+            note = f"only {n} of {len(names)} blocks arrived intact, the rest were recomputed{why}"
+        return TierLoad(tuple(hit.sources[:n]), note)
 
-    def _drop_corrupt(self, key: str, exc: Exception) -> None:
-        """A block failed the codec's checks: delete it everywhere so nobody loads it again."""
+    def _promoter(self, name: str, value: bytes, source: int, block: torch.Tensor, tokens: list[int] | None
+                  ) -> Callable[[int], bytes | None]:
+        """A hit's bytes for a faster tier: the same bytes where the codec is the source's, else re-encoded."""
+        encode = self._encoder(name, block, tokens, skip_present=False)
+
+        def value_for(j: int) -> bytes | None:
+            return value if self.codecs[j] == self.codecs[source] else encode(j)
+
+        return value_for
+
+    def _decode_failed(self, name: str, tier: int, exc: Exception) -> str:
+        """A block that cannot be decoded here is recomputed (counted). A damaged one is deleted from every tier;
+        one whose prediction this instance cannot reproduce is left for instances that can."""
+        self.stats.decode_fallbacks += 1
+        codec = self.codecs[tier]
+        if isinstance(exc, PredictionMismatchError):
+            self.stats.prediction_mismatches += 1
+            store_log.warning(f"connector {id(self)} mismatch",
+                              "store: block %s (%s): the predictor's rerun differs from the encoder's; recomputing",
+                              name, codec)  # fmt: skip
+            return f"block {name[:12]} from {self.store.names[tier]}: the predictor's rerun differs from the encoder's"
         self.stats.blocks_corrupt += 1
         store_log.warning(
             f"connector {id(self)} corrupt",
-            "store: block %s is corrupt (%s); dropped from every tier, recomputing", key, exc,
+            "store: block %s is corrupt (%s); dropped from every tier, recomputing", name, exc,
         )  # fmt: skip
-        for tier in self.store.tiers:
-            tier.delete(key)
+        for j, t in enumerate(self.store.tiers):
+            t.delete(self._tier_key(j, name))
+        return f"block {name[:12]} from {self.store.names[tier]} failed to decode: {type(exc).__name__}"
 
     # -- engine hooks and shutdown ---------------------------------------------------------------------------
 
@@ -278,26 +366,15 @@ class StoreConnector(KVConnector):
         self.store.observe_prefill(num_tokens, seconds)
 
     def flush(self, timeout_s: float = 30.0) -> bool:  # type: ignore[override]
-        """Encode everything queued and write it down every tier; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while self._queued:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-        return self.store.flush(max(0.0, deadline - time.monotonic()))
+        """Encode and write everything queued down every tier; False on timeout."""
+        return self.store.flush(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush pending writes, stop the encoder and close the tiers."""
+        """Flush pending writes, stop the pipeline and close the tiers."""
         if self._closed:
             return
-        flushed = self.flush(timeout_s)
         self._closed = True
-        self._queue.put(None)
-        if flushed:
-            self._worker.join()
-        self.store.close(timeout_s if flushed else 0.0)
+        self.store.close(timeout_s)
 
 
 def engine_pin_ttl(engine: LLMEngine) -> PinTTL:
@@ -314,3 +391,17 @@ def engine_pin_ttl(engine: LLMEngine) -> PinTTL:
         return best
 
     return ttl
+
+
+def engine_block_tokens(engine: LLMEngine) -> BlockTokens:
+    """The prompt tokens up to the end of a running sequence's block (engine thread only), else None."""
+
+    def tokens(block_id: int) -> list[int] | None:
+        bs = engine.layout.block_size
+        for seq in engine.scheduler.running:
+            if block_id in seq.block_table:
+                end = (seq.block_table.index(block_id) + 1) * bs
+                return list(seq.token_ids[:end]) if len(seq.token_ids) >= end else None
+        return None
+
+    return tokens

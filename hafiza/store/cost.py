@@ -1,8 +1,12 @@
-"""Load or recompute: bytes over each tier's measured bandwidth against tokens over measured prefill speed.
+"""Load or recompute: bytes over each tier's measured bandwidth (+ decode, + the speculative codec's predictor
+rerun) against tokens over measured prefill speed.
 
-Bandwidth per tier is an exponential moving average of observed loads, kept as averages of bytes and of
-seconds separately (their ratio is a throughput, not an average of noisy per-call rates). Before the first
-observation a tier uses a conservative default for its kind. Prefill speed is measured by the caller.
+Three plans per admission: load and decode; load, rerun the predictor on the prefix tokens and decode
+(`predict_tokens` > 0, the speculative codec); or recompute. Bandwidth per tier is an exponential moving
+average of observed loads, kept as averages of bytes and of seconds separately (their ratio is a throughput,
+not an average of noisy per-call rates). Before the first observation a tier uses a conservative default for
+its kind. Prefill speed, decode time and predictor speed are measured by the caller (`observe_prefill`, the
+connector's decode timing, `observe_predict`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class LoadDecision:
     reason: str
     load_s: float
     recompute_s: float | None
+    plan: str = "load"  # "load" (load and decode), "predict" (load, rerun the predictor, decode) or "recompute"
 
 
 @dataclass
@@ -53,6 +58,7 @@ class CostModel:
         self._kinds: dict[str, str] = {}
         self._rates: dict[str, _Rate] = {}
         self._prefill = _Rate()
+        self._predict = _Rate()
         self._lock = threading.Lock()
 
     def add_tier(self, name: str, kind: str) -> None:
@@ -81,6 +87,19 @@ class CostModel:
         with self._lock:
             self._update(self._prefill, num_tokens, seconds)
 
+    def observe_predict(self, num_tokens: int, seconds: float) -> None:
+        """Record one predictor run over `num_tokens` that took `seconds` (the speculative codec's extra cost)."""
+        if num_tokens <= 0 or seconds <= 0:
+            return
+        with self._lock:
+            self._update(self._predict, num_tokens, seconds)
+
+    def predict_rate(self) -> float | None:
+        """Measured predictor tokens/s, or None before any measurement."""
+        with self._lock:
+            p = self._predict
+            return p.bytes / p.seconds if p.samples else None
+
     def set_prefill_rate(self, tokens_per_s: float) -> None:
         """Replace the prefill estimate with a known speed."""
         if tokens_per_s <= 0:
@@ -102,11 +121,13 @@ class CostModel:
             p = self._prefill
             return p.bytes / p.seconds if p.samples else None
 
-    def decide(self, num_tokens: int, bytes_by_tier: Mapping[str, int], extra_s: float = 0.0) -> LoadDecision:
-        """Load when Σ bytes/bandwidth (+ `extra_s`, e.g. decoding) × margin < num_tokens / prefill speed."""
+    def decide(self, num_tokens: int, bytes_by_tier: Mapping[str, int], decode_s: float = 0.0,
+               predict_tokens: int = 0) -> LoadDecision:
+        """Load when Σ bytes/bandwidth + `decode_s` (+ `predict_tokens` / predictor speed) × margin < num_tokens /
+        prefill speed; `plan` is "predict" when the load reruns the predictor."""
         if num_tokens <= 0:
-            return LoadDecision(False, "nothing cached to load", 0.0, 0.0)
-        load_s = extra_s
+            return LoadDecision(False, "nothing cached to load", 0.0, 0.0, "recompute")
+        load_s = decode_s
         parts = []
         for tier, nbytes in bytes_by_tier.items():
             if nbytes <= 0:
@@ -115,12 +136,26 @@ class CostModel:
             load_s += nbytes / bw
             note = "" if measured else " (default)"
             parts.append(f"{_mb(nbytes)} from {tier} at {bw / 1e6:.0f} MB/s{note}")
-        loading = (", ".join(parts) or "0 bytes") + f" ≈ {_ms(load_s)}"
+        loading = ", ".join(parts) or "0 bytes"
+        if decode_s > 0:
+            loading += f" + decode {_ms(decode_s)}"
+        plan = "load"
+        if predict_tokens > 0:
+            plan = "predict"
+            prate = self.predict_rate()
+            if prate is None:
+                loading += f" + predictor on {predict_tokens} tokens (speed not measured yet)"
+            else:
+                predict_s = predict_tokens / prate
+                load_s += predict_s
+                loading += f" + predictor on {predict_tokens} tokens at {prate:.0f} tok/s ≈ {_ms(predict_s)}"
+        loading += f" ≈ {_ms(load_s)}"
+        word = "load: predict+decode" if plan == "predict" else "load"
         rate = self.prefill_rate()
         if rate is None:
-            return LoadDecision(True, f"load: prefill speed not measured yet; {loading}", load_s, None)
+            return LoadDecision(True, f"{word}: prefill speed not measured yet; {loading}", load_s, None, plan)
         recompute_s = num_tokens / rate
         recompute = f"recompute {num_tokens} tokens at {rate:.0f} tok/s ≈ {_ms(recompute_s)}"
         if load_s * self.margin < recompute_s:
-            return LoadDecision(True, f"load: {loading} < {recompute}", load_s, recompute_s)
-        return LoadDecision(False, f"recompute: {recompute} ≤ {loading}", load_s, recompute_s)
+            return LoadDecision(True, f"{word}: {loading} < {recompute}", load_s, recompute_s, plan)
+        return LoadDecision(False, f"recompute: {recompute} ≤ {loading}", load_s, recompute_s, "recompute")

@@ -1,12 +1,15 @@
 """The tier stack below the working pool (fastest first, e.g. RAM → disk → Redis) as one cache.
 
-- `lookup_prefix(keys)`: how many leading keys of a block chain some tier holds, and which tier supplies each.
-- `load(keys)`: the leading run of values actually fetched; each hit is promoted into the faster tiers above
-  its source (RAM directly, others through the writer).
-- `put_async`: write-through (every tier, on a background writer thread with a queue bounded in jobs and
-  bytes; a full queue drops the write instead of blocking the engine) or write-back (RAM now; lower tiers
-  when RAM evicts the entry or on `flush`). `flush(timeout)` drains everything pending (graceful shutdown).
-- `should_load`/`decide`: the cost model (cost.py) over the tiers' measured bandwidth.
+Entries are named (e.g. by a block's prefix hash); `key_of(tier_index, name)` gives each tier's key, so tiers
+with different codecs keep different keys for the same block.
+
+- `lookup_prefix(names)`: how many leading names of a block chain some tier holds, and which tier supplies each.
+- `load(names)`: the leading run of values actually fetched, and the tier each came from.
+- `put_async`: the store's one background pipeline. A job is a value, or a function giving each target tier's
+  value (the connector encodes there, per tier codec, off the engine thread). Write-through (every tier) or
+  write-back (RAM; lower tiers when RAM evicts the entry or on `flush`). The queue is bounded in jobs and bytes;
+  a full queue drops the write instead of blocking the engine. `flush(timeout)` drains everything pending.
+- `cost`: the cost model (cost.py), fed with each tier's measured load bandwidth.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hafiza.store.base import KVStore
-from hafiza.store.cost import CostModel, LoadDecision
+from hafiza.store.cost import CostModel
 from hafiza.store.logs import store_log
 from hafiza.store.memory import MemoryStore
 from hafiza.store.stats import StoreStats
@@ -62,6 +65,7 @@ class TieredStats:
     tiers: list[TierReport]
     write_back: bool
     queue_depth: int
+    queue_bytes: int
     queue_capacity: int
     writes_enqueued: int
     writes_dropped: int
@@ -71,13 +75,29 @@ class TieredStats:
     prefill_tokens_per_s: float | None
 
 
+TierValue = Callable[[int], "bytes | None"]
+KeyOf = Callable[[int, str], str]
+
+
+@dataclass
+class Loaded:
+    """The leading run of values `load` fetched; `sources[i]` is the index of the tier value i came from."""
+
+    values: list[bytes]
+    sources: list[int]
+
+
 @dataclass
 class _Job:
-    key: str
-    value: bytes
+    name: str
+    value: bytes | TierValue  # the bytes for every target tier, or a function of the tier (None: skip it)
     ttl_s: float | None
     raw_nbytes: int | None
     targets: tuple[int, ...]
+    nbytes: int  # what the job holds while queued (the byte cap)
+
+    def value_for(self, j: int) -> bytes | None:
+        return self.value if isinstance(self.value, bytes) else self.value(j)
 
 
 @dataclass
@@ -98,6 +118,7 @@ class TieredStore:
         queue_size: int = 1024,
         max_pending_bytes: int = 256 << 20,
         cost: CostModel | None = None,
+        key_of: KeyOf | None = None,
     ):
         names = [t.name for t in tiers]
         if len(set(names)) != len(names):
@@ -107,12 +128,13 @@ class TieredStore:
         if queue_size <= 0:
             raise ValueError(f"queue_size={queue_size} must be > 0")
         self.tiers = list(tiers)
+        self.key_of: KeyOf = key_of or (lambda j, name: name)
         self.write_back = write_back and len(self.tiers) > 1
         self.cost = cost or CostModel()
         for t in self.tiers:
             self.cost.add_tier(t.name, t.kind)
         self._tc = [_TierCounters() for _ in self.tiers]
-        self._dirty: dict[str, tuple[float | None, int | None]] = {}
+        self._dirty: dict[str, tuple[str, float | None, int | None]] = {}  # RAM key: (name, ttl, raw bytes)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0
@@ -136,16 +158,17 @@ class TieredStore:
 
     # -- reading -----------------------------------------------------------------------------------------
 
-    def lookup_prefix(self, keys: Sequence[str]) -> PrefixLookup:
-        """Longest leading run of `keys` that some tier holds (a chain stops at its first miss)."""
-        n = len(keys)
+    def lookup_prefix(self, names: Sequence[str]) -> PrefixLookup:
+        """Longest leading run of `names` that some tier holds (a chain stops at its first miss)."""
+        n = len(names)
         sources: list[str | None] = [None] * n
-        for tier in self.tiers:
+        for j, tier in enumerate(self.tiers):
             todo = [i for i in range(n) if sources[i] is None]
             if not todo:
                 break
-            for i, found in zip(todo, self._contains_many(tier, [keys[i] for i in todo]), strict=True):
-                if found:
+            found = self._contains_many(tier, [self.key_of(j, names[i]) for i in todo])
+            for i, hit in zip(todo, found, strict=True):
+                if hit:
                     sources[i] = tier.name
         hits = next((i for i, s in enumerate(sources) if s is None), n)
         lead = [s for s in sources[:hits] if s is not None]
@@ -157,9 +180,10 @@ class TieredStore:
                 self._tc[j].lookup_hits += sum(1 for s in lead if s == tier.name)
         return PrefixLookup(num_keys=n, num_hits=hits, sources=lead)
 
-    def load(self, keys: Sequence[str]) -> list[bytes]:
-        """Values of the leading run of `keys` actually fetched (may be shorter than a lookup promised)."""
-        n = len(keys)
+    def load(self, names: Sequence[str]) -> Loaded:
+        """Values of the leading run of `names` actually fetched (may be shorter than a lookup promised), each
+        from the fastest tier holding it. Promotion into faster tiers is the caller's (their codecs may differ)."""
+        n = len(names)
         values: list[bytes | None] = [None] * n
         source = [-1] * n
         for j, tier in enumerate(self.tiers):
@@ -167,7 +191,7 @@ class TieredStore:
             if not todo:
                 break
             t0 = time.perf_counter()
-            got = self._get_many(tier, [keys[i] for i in todo])
+            got = self._get_many(tier, [self.key_of(j, names[i]) for i in todo])
             seconds = time.perf_counter() - t0
             nbytes = 0
             for i, v in zip(todo, got, strict=True):
@@ -176,11 +200,7 @@ class TieredStore:
                     nbytes += len(v)
             self.cost.observe_load(tier.name, nbytes, seconds)
         hits = next((i for i, v in enumerate(values) if v is None), n)
-        out = [v for v in values[:hits] if v is not None]
-        for i in range(hits):
-            if source[i] > 0:
-                self._promote(keys[i], out[i], source[i])
-        return out
+        return Loaded([v for v in values[:hits] if v is not None], source[:hits])
 
     def _contains_many(self, tier: KVStore, keys: list[str]) -> list[bool]:
         """`tier.contains_many`, as all misses if the back end breaks its contract and raises."""
@@ -200,58 +220,40 @@ class TieredStore:
                             exc_info=True)  # fmt: skip
             return [None] * len(keys)
 
-    def _promote(self, key: str, value: bytes, source: int) -> None:
-        """Copy a hit into every faster tier: RAM at once, the others through the writer."""
-        queued = []
-        for j in range(source):
-            if isinstance(self.tiers[j], MemoryStore):
-                self.tiers[j].put(key, value)
-            else:
-                queued.append(j)
-        if queued:
-            self._enqueue(_Job(key, value, None, None, tuple(queued)))
-
     # -- writing -----------------------------------------------------------------------------------------
 
-    def put_async(self, key: str, value: bytes, ttl_s: float | None = None, raw_nbytes: int | None = None) -> bool:
-        """Queue `value` for the tiers (write-back: store in RAM now); False when dropped.
+    def put_async(self, name: str, value: bytes | TierValue, ttl_s: float | None = None,
+                  raw_nbytes: int | None = None, *, targets: Sequence[int] | None = None,
+                  nbytes: int | None = None) -> bool:
+        """Queue `value` (bytes, or a function giving tier j's bytes or None to skip it) for the `targets` tiers
+        (default: all; write-back: RAM, the rest later); False when dropped.
 
-        `raw_nbytes` is the block's size before the codec, for the compression-ratio metric.
+        `raw_nbytes` is the block's size before the codec, for the compression-ratio metric; `nbytes` what a
+        function-valued job holds while queued (default `raw_nbytes`), for the queue's byte cap.
         """
         if self._closed or not self.tiers:
             return False
-        value = bytes(value)
-        if self.write_back:
-            with self._lock:
-                self._dirty[key] = (ttl_s, raw_nbytes)
-            ok = self.tiers[0].put(key, value, ttl_s)
-            if ok:
-                self._count_write(0, value, raw_nbytes)
-            else:  # too large for RAM: write it down directly
-                with self._lock:
-                    self._dirty.pop(key, None)
-                return self._enqueue(_Job(key, value, ttl_s, raw_nbytes, tuple(range(1, len(self.tiers)))))
-            return True
-        return self._enqueue(_Job(key, value, ttl_s, raw_nbytes, tuple(range(len(self.tiers)))))
-
-    def put(self, key: str, value: bytes, ttl_s: float | None = None, raw_nbytes: int | None = None) -> int:
-        """Write-through now, on the caller's thread; the number of tiers that stored the value."""
-        value = bytes(value)
-        return sum(self._write(j, key, value, ttl_s, raw_nbytes) for j in range(len(self.tiers)))
+        if isinstance(value, (bytearray, memoryview)):
+            value = bytes(value)
+        size = len(value) if isinstance(value, bytes) else (nbytes or raw_nbytes or 0)
+        if targets is None:
+            targets = (0,) if self.write_back else range(len(self.tiers))
+        return self._enqueue(_Job(name, value, ttl_s, raw_nbytes, tuple(targets), size))
 
     def _on_ram_evict(self, key: str, value: bytes) -> None:
-        """Write-back: an entry leaving RAM goes down to the lower tiers if they have not got it yet."""
+        """Write-back: an entry leaving RAM goes down to the lower tiers if they have not got it yet (write-back
+        needs one codec for every tier, so RAM's key and bytes are the lower tiers' too)."""
         with self._lock:
             meta = self._dirty.pop(key, None)
         if meta is not None:
-            self._enqueue(_Job(key, value, meta[0], meta[1], tuple(range(1, len(self.tiers)))))
+            self._enqueue(_Job(meta[0], value, meta[1], meta[2], tuple(range(1, len(self.tiers))), len(value)))
 
     def _enqueue(self, job: _Job) -> bool:
         """Hand a job to the writer; False (dropped) when the queue is closed or full in jobs or bytes."""
         with self._lock:
             if self._closed:
                 return False
-            over = self._pending and self._pending_bytes + len(job.value) > self.max_pending_bytes
+            over = self._pending and self._pending_bytes + job.nbytes > self.max_pending_bytes
             try:
                 if over:
                     raise queue.Full
@@ -260,7 +262,7 @@ class TieredStore:
                 self.writes_dropped += 1
                 return False
             self._pending += 1
-            self._pending_bytes += len(job.value)
+            self._pending_bytes += job.nbytes
             self.writes_enqueued += 1
         return True
 
@@ -288,16 +290,27 @@ class TieredStore:
                 return
             try:
                 for j in job.targets:
-                    self._write(j, job.key, job.value, job.ttl_s, job.raw_nbytes)
+                    value = job.value_for(j)
+                    key = self.key_of(j, job.name)
+                    if value is not None and self._write(j, key, value, job.ttl_s, job.raw_nbytes) \
+                            and j == 0 and self.write_back:
+                        with self._lock:
+                            self._dirty[key] = (job.name, job.ttl_s, job.raw_nbytes)
+            except Exception:  # a value function failed (e.g. an encoder): drop the job, keep the writer alive
+                store_log.error(f"tiered {id(self)} job", "store: preparing %s for the tiers failed; not written",
+                                job.name, exc_info=True)  # fmt: skip
             finally:
                 with self._lock:
                     self._pending -= 1
-                    self._pending_bytes -= len(job.value)
+                    self._pending_bytes -= job.nbytes
                     if self._pending == 0:
                         self._idle.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Write every pending entry down (write-back: all dirty RAM entries too); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._drain(deadline):
+            return False
         if self.write_back:
             ram = self.tiers[0]
             assert isinstance(ram, MemoryStore)
@@ -311,10 +324,13 @@ class TieredStore:
                     meta = self._dirty.pop(key, None)
                 if meta is None:
                     continue
-                job = _Job(key, value, meta[0], meta[1], tuple(range(1, len(self.tiers))))
+                job = _Job(meta[0], value, meta[1], meta[2], tuple(range(1, len(self.tiers))), len(value))
                 while not self._enqueue(job) and not self._closed:
                     time.sleep(0.001)  # queue full: wait for the writer rather than lose the entry
-        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._drain(deadline)
+
+    def _drain(self, deadline: float | None) -> bool:
+        """Wait until the writer has nothing pending; False at `deadline` (monotonic seconds)."""
         with self._lock:
             while self._pending:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -345,19 +361,6 @@ class TieredStore:
         """Tell the cost model how fast prefill (the recompute alternative) runs."""
         self.cost.observe_prefill(num_tokens, seconds)
 
-    def should_load(self, num_tokens: int, nbytes: int, tier: str | None = None) -> LoadDecision:
-        """Load vs recompute for `nbytes` covering `num_tokens`, from `tier` (default: the slowest tier)."""
-        if tier is None:
-            if not self.tiers:
-                return LoadDecision(False, "recompute: no store tiers", 0.0, None)
-            tier = min(self.names, key=lambda name: self.cost.bandwidth(name)[0])
-        return self.cost.decide(num_tokens, {tier: nbytes})
-
-    def decide(self, lookup: PrefixLookup, tokens_per_key: int, bytes_per_key: int) -> LoadDecision:
-        """Load vs recompute for a lookup's leading hits, each tier's share at its own bandwidth."""
-        by_tier = {name: n * bytes_per_key for name, n in lookup.per_tier().items()}
-        return self.cost.decide(lookup.num_hits * tokens_per_key, by_tier)
-
     # -- stats -------------------------------------------------------------------------------------------
 
     def stats(self) -> TieredStats:
@@ -374,6 +377,7 @@ class TieredStore:
                 tiers=reports,
                 write_back=self.write_back,
                 queue_depth=self._pending,
+                queue_bytes=self._pending_bytes,
                 queue_capacity=self.queue_size,
                 writes_enqueued=self.writes_enqueued,
                 writes_dropped=self.writes_dropped,

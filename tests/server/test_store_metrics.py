@@ -36,7 +36,9 @@ def test_metrics_per_tier(tmp_path: Path, own_redis: RedisServer) -> None:
     ts.flush(timeout=30)
     ts.tiers[0].delete("a")
     ts.lookup_prefix(["a", "b", "c"])
-    ts.load(["a", "b"])
+    got = ts.load(["a", "b"])
+    ts.put_async("a", got.values[0], targets=[0])  # the promotion the connector does for a disk hit
+    ts.flush(timeout=30)
 
     def sample(name: str, tier: str, kind: str) -> float | None:
         return registry.get_sample_value(name, {"tier": tier, "kind": kind})

@@ -76,5 +76,5 @@ def test_build_tiers_orders_ram_disk_redis(
 
     empty = build_tiers(None, None, None)
     assert empty.tiers == [] and empty.lookup_prefix(["k"]).num_hits == 0
-    assert empty.put_async("k", b"v") is False and empty.load(["k"]) == []
+    assert empty.put_async("k", b"v") is False and empty.load(["k"]).values == []
     empty.close()

@@ -1,9 +1,10 @@
-"""TieredStore over real tiers (RAM → disk → Redis): lookup, load with promotion, writer, cost model."""
+"""TieredStore over real tiers (RAM → disk → Redis): lookup, load, the one background writer, cost model."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,17 +62,50 @@ def test_lookup_stops_at_first_miss_and_names_sources(stack: TieredStore) -> Non
     assert [t.lookup_hits for t in s.tiers] == [3, 1, 1]
 
 
-def test_load_promotes_hits_into_faster_tiers(stack: TieredStore) -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Poll `condition` until it holds (True) or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_load_names_each_values_tier_and_leaves_promotion_to_the_caller(stack: TieredStore) -> None:
     ram, disk, rds = stack.tiers
     keys = ["a", "b", "c"]
     ram.put("a", val(0))
     disk.put("b", val(1))
     rds.put("c", val(2))
-    assert stack.load(keys) == [val(0), val(1), val(2)]
-    assert ram.contains("b") and ram.contains("c")  # RAM promotion is immediate
-    assert stack.flush(timeout=30)
-    assert disk.get("c") == val(2)  # disk promotion goes through the writer
-    assert not rds.contains("a") and not rds.contains("b")  # never demoted by a load
+    got = stack.load(keys)
+    assert got.values == [val(0), val(1), val(2)] and got.sources == [0, 1, 2]
+    assert not ram.contains("b") and not disk.contains("c")  # the connector promotes (codecs may differ)
+
+
+def test_per_tier_keys_and_value_functions(stack: TieredStore) -> None:
+    stack.key_of = lambda j, name: f"{name}@{j}"
+    asked: list[int] = []
+
+    def value_for(j: int) -> bytes | None:
+        asked.append(j)
+        return None if j == 1 else val(j)  # None: skip the disk tier
+
+    assert stack.put_async("x", value_for, raw_nbytes=10, nbytes=10) and stack.flush(timeout=30)
+    ram, disk, rds = stack.tiers
+    assert asked == [0, 1, 2] and ram.get("x@0") == val(0) and rds.get("x@2") == val(2)
+    assert not disk.contains("x@1") and not ram.contains("x")
+    assert stack.lookup_prefix(["x"]).sources == ["ram"]
+    assert stack.put_async("y", b"v", targets=[2]) and stack.flush(timeout=30)
+    assert stack.lookup_prefix(["y"]).sources == ["redis"] and not ram.contains("y@0")
+
+
+def test_a_failing_value_function_drops_the_job_not_the_writer(stack: TieredStore) -> None:
+    def broken(j: int) -> bytes | None:
+        raise RuntimeError("encoder failed")
+
+    assert stack.put_async("bad", broken) and stack.put_async("good", val(1)) and stack.flush(timeout=30)
+    assert stack.lookup_prefix(["bad", "good"]).num_hits == 0 and stack.lookup_prefix(["good"]).num_hits == 1
 
 
 def test_load_returns_the_leading_run_actually_fetched(stack: TieredStore) -> None:
@@ -81,8 +115,8 @@ def test_load_returns_the_leading_run_actually_fetched(stack: TieredStore) -> No
         disk.put(k, val(i))
     assert stack.lookup_prefix(keys).num_hits == 3
     disk.path_of("b").write_bytes(b"damaged")  # vanished/damaged between lookup and load
-    assert stack.load(keys) == [val(0)]
-    assert stack.load([]) == []
+    assert stack.load(keys).values == [val(0)]
+    assert stack.load([]).values == []
 
 
 def test_write_back_keeps_writes_in_ram_until_eviction_or_flush(tmp_path: Path) -> None:
@@ -91,7 +125,7 @@ def test_write_back_keeps_writes_in_ram_until_eviction_or_flush(tmp_path: Path) 
     ts = TieredStore([ram, disk], write_back=True)
     for i in range(3):
         ts.put_async(f"k{i}", val(i))
-    assert all(ram.contains(f"k{i}") for i in range(3)) and disk.stats().entries == 0
+    assert wait_until(lambda: all(ram.contains(f"k{i}") for i in range(3))) and disk.stats().entries == 0
     ts.put_async("k3", val(3))  # evicts k0 from RAM, which goes down to disk
     ts.flush(timeout=30)
     assert [disk.get(f"k{i}") for i in range(4)] == [val(i) for i in range(4)]
@@ -142,7 +176,7 @@ def test_compression_ratio_and_per_tier_counters(stack: TieredStore) -> None:
 def test_cost_model_defaults_then_measures(stack: TieredStore) -> None:
     bw, measured = stack.cost.bandwidth("disk")
     assert not measured and bw == 100e6
-    no_rate = stack.should_load(2000, 1_000_000)
+    no_rate = stack.cost.decide(2000, {"disk": 1_000_000})
     assert no_rate.load and "not measured" in no_rate.reason and no_rate.recompute_s is None
     stack.tiers[1].put("big", b"x" * 500_000)
     stack.load(["big"])
@@ -173,13 +207,26 @@ def test_cost_model_decides_load_vs_recompute() -> None:
     assert 500 < cost.prefill_rate() < 1000  # type: ignore[operator]
 
 
-def test_should_load_defaults_to_the_slowest_tier(stack: TieredStore) -> None:
-    stack.cost.set_prefill_rate(10_000.0)
-    d = stack.should_load(1000, 10_000_000)  # redis default 50 MB/s: 0.2 s vs 0.1 s recompute
-    assert not d.load and "from redis" in d.reason
-    assert stack.should_load(1000, 10_000_000, tier="ram").load  # 1 GB/s default: 0.01 s
-    lookup = stack.lookup_prefix([])
-    assert not stack.decide(lookup, tokens_per_key=16, bytes_per_key=1000).load
+def test_cost_model_plans_follow_their_inputs() -> None:
+    """Load and decode, load plus predictor, or recompute: each as the measured speeds say."""
+    cost = CostModel(defaults={"redis": 100e6})
+    cost.add_tier("redis", "redis")
+    cost.set_prefill_rate(1000.0)
+    plain = cost.decide(1000, {"redis": 10_000_000}, decode_s=0.05)  # 0.1 + 0.05 s vs 1 s
+    assert plain.load and plain.plan == "load" and plain.load_s == pytest.approx(0.15)
+    unmeasured = cost.decide(1000, {"redis": 1_000_000}, predict_tokens=1000)
+    assert unmeasured.load and unmeasured.plan == "predict" and "not measured" in unmeasured.reason
+    cost.observe_predict(1000, 0.5)  # predictor at 2000 tok/s
+    spec = cost.decide(1000, {"redis": 1_000_000}, predict_tokens=1000)  # 0.01 + 0.5 s vs 1 s
+    assert spec.load and spec.plan == "predict" and spec.reason.startswith("load: predict+decode:")
+    assert spec.load_s == pytest.approx(0.51)
+    cost.set_prefill_rate(1500.0)  # prefill faster: 0.67 s still beats 0.51 s … until it is faster still
+    assert cost.decide(1000, {"redis": 1_000_000}, predict_tokens=1000).plan == "predict"
+    cost.set_prefill_rate(5000.0)
+    fast = cost.decide(1000, {"redis": 1_000_000}, predict_tokens=1000)
+    assert not fast.load and fast.plan == "recompute" and "predictor on 1000 tokens" in fast.reason
+    cost.observe_load("redis", 1_000_000, 1.0)  # the tier becomes slow: 1 MB/s
+    assert cost.decide(1000, {"redis": 1_000_000}).plan == "recompute"
 
 
 def test_queue_is_bounded_in_bytes_too() -> None:
