@@ -88,9 +88,7 @@ def make_kv_pool(layout: KVLayout, device: torch.device | str, *, max_seqs: int 
 
 def bytes_per_token(layout: KVLayout, value_group: int = 32) -> float:
     """Stored bytes per token (all layers, K and V, payload and scales) of `layout.kv_dtype` for this shape."""
-    fmt = FORMATS[layout.kv_dtype]
-    return fmt.payload_bytes_per_token(layout, value_group=value_group) if fmt is Int4KV \
-        else fmt.payload_bytes_per_token(layout)
+    return FORMATS[layout.kv_dtype].payload_bytes_per_token(layout, value_group=value_group)
 
 
 def bytes_per_block(layout: KVLayout) -> int:

@@ -1,5 +1,5 @@
 """The frame every storage format shares: block reads and writes in terms of three per-format steps, sizes,
-and (for lossy formats) the inf/NaN check."""
+and (for quantised formats) the inf/NaN check."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ class PoolFormat(ABC):
     """A paged KV pool storing K/V as `layout.kv_dtype` and handing them back in `layout.compute_dtype`.
 
     A format implements `_write` (tokens into slots), `_blocks` (whole blocks out, in `block_dtype`),
-    `_store_blocks` (whole blocks in) and `payload_bytes_per_token` (its size). Lossy formats refuse inf/NaN:
-    they are noted per layer without a host sync and raised once per forward step, when the last layer writes
-    (at once in `write_blocks`): one cheap reduction per write, one device sync per step.
+    `_store_blocks` (whole blocks in) and `payload_bytes_per_token` (its size). Quantised formats
+    (`refuses_nonfinite`) refuse inf/NaN: they are noted per layer without a host sync and raised once per
+    forward step, when the last layer writes (at once in `write_blocks`): one cheap reduction per write, one
+    device sync per step.
     """
 
     kv_dtypes: ClassVar[tuple[str, ...]]
-    lossy: ClassVar[bool] = True
+    refuses_nonfinite: ClassVar[bool] = True
 
     def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
         if layout.kv_dtype not in self.kv_dtypes:
@@ -68,10 +69,10 @@ class PoolFormat(ABC):
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V [T, Hkv, d] of T tokens at flat slots (block * block_size + offset)."""
-        if self.lossy:
+        if self.refuses_nonfinite:
             self._nonfinite[layer] |= ~(torch.isfinite(k).all() & torch.isfinite(v).all())
         self._write(layer, slots, k, v)
-        if self.lossy and layer == self.layout.num_layers - 1:
+        if self.refuses_nonfinite and layer == self.layout.num_layers - 1:
             self.check_finite()
 
     def check_finite(self) -> None:
@@ -101,7 +102,7 @@ class PoolFormat(ABC):
 
     def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
         """Inverse of read_blocks: store whole blocks (swap-in, tier promotion)."""
-        if self.lossy and not bool(torch.isfinite(data).all()):
+        if self.refuses_nonfinite and not bool(torch.isfinite(data).all()):
             raise NonFiniteKVError(f"{self.kv_dtype} KV cache: write_blocks got inf or NaN values; not stored")
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         data = data.to(self.device)

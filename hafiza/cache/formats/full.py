@@ -15,7 +15,7 @@ class FullPrecisionKV(PoolFormat):
     No value is refused: inf/NaN are stored as they are."""
 
     kv_dtypes = tuple(FULL_DTYPES)
-    lossy = False
+    refuses_nonfinite = False
 
     def __init__(self, layout: KVLayout, device: torch.device | str) -> None:
         super().__init__(layout, device)
