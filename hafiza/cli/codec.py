@@ -26,8 +26,8 @@ def bench(
     grid: Annotated[int, typer.Option("--grid", help="Round speculative predictions to this many steps")] = 1,
 ) -> None:
     """Capture the default model's KV over real texts and code it with every coder and peer (one thread)."""
-    from hafiza.codec.bench.plot import pareto_plot
-    from hafiza.codec.bench.runner import ALL, default_texts, run
+    from hafiza.bench.codec.plot import pareto_plot
+    from hafiza.bench.codec.runner import ALL, default_texts, run
 
     texts = text or default_texts()
     if not texts:

@@ -12,23 +12,23 @@ from typing import Any
 
 import torch
 
+from hafiza.bench.codec import peers
+from hafiza.bench.codec.measure import Measurement, entropy0, measure_bytes, measure_codec
+from hafiza.bench.codec.quantize import to_fp8, to_int8
 from hafiza.codec import CodecContext
-from hafiza.codec.bench import peers
-from hafiza.codec.bench.measure import Measurement, entropy0, measure_bytes, measure_codec
-from hafiza.codec.bench.quantize import to_fp8, to_int8
 from hafiza.codec.formats import tensor_bits
 from hafiza.codec.predictors.speculative import SpeculativePredictor
 from hafiza.errors import HafizaError
 from hafiza.models.capture import compute_kv
 
-TEXTS_DIR = Path(__file__).resolve().parents[3] / "bench" / "texts"
+TEXTS_DIR = Path("bench/texts")  # relative to the working directory, like every benchmark's inputs
 SPECULATIVE = {
     "spec-bf16-mixed": ("bf16-mixed", 0),
     "spec-bf16": ("bf16", 0),
     "spec-int8": ("int8", 0),
     "spec-exact6-bf16-mixed": ("bf16-mixed", 6),
 }
-HAFIZA = ["raw", "zstd", "planes", "exponent", "previous-token", *SPECULATIVE]
+HAFIZA = ["raw", "zstd", "planes", "fast", "exponent", "previous-token", *SPECULATIVE]
 PEERS = ["zstd-3", "zstd-19", "shuffle-zstd-19", "zipnn"]
 ALL = HAFIZA + PEERS
 ZIPNN_DTYPES = {torch.bfloat16: "bfloat16"}
@@ -68,7 +68,7 @@ class _Predictors:
 def _measure(name: str, kv: dict[str, torch.Tensor], ids: list[int], preds: _Predictors) -> Measurement | None:
     dtype = next(iter(kv.values())).dtype
     nbytes = next(iter(kv.values())).element_size()
-    if name in ("raw", "zstd", "planes", "exponent"):
+    if name in ("raw", "zstd", "planes", "fast", "exponent"):
         return measure_codec(name, kv, lambda role: CodecContext(coder=name))
     if name == "previous-token":
         return measure_codec(_label(name), kv, lambda role: CodecContext(coder="predictive",

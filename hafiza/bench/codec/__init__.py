@@ -1,0 +1,1 @@
+"""`hafiza codec bench`: real KV of the default model through every lossless coder and its peers, with timings."""

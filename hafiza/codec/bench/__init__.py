@@ -1,1 +1,0 @@
-"""`hafiza codec bench`: real KV of the default model through every coder and its peers, with timings."""
