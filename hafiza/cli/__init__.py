@@ -32,7 +32,9 @@ def _register() -> None:
 SETTING_FLAGS = {"kv_memory": "--kv-memory", "kv_dtype": "--kv-dtype", "kv_budget_tokens": "--kv-budget-tokens",
                  "eviction": "--eviction", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
                  "store_ram": "--store-ram", "store_disk": "--store-disk", "store_redis": "--store-redis",
-                 "store_codec": "--store-codec", "api_keys_file": "--api-keys-file", "prices": "--prices",
+                 "store_codec": "--store-codec", "store_ram_codec": "--store-ram-codec",
+                 "store_disk_codec": "--store-disk-codec", "store_redis_codec": "--store-redis-codec",
+                 "store_write_back": "--store-write-back", "api_keys_file": "--api-keys-file", "prices": "--prices",
                  "admin_key": "--admin-key", "metrics_auth": "--metrics-auth", "dashboard_auth": "--dashboard-auth",
                  "weights": "--weights", "device": "--device"}
 

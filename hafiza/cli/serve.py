@@ -89,7 +89,15 @@ def serve(
         help="KV store tier shared by instances: redis://host:port or redis://host:port/DB, or "
              "redis+cluster://host:port (?ttl=SECONDS, default 300; ?prefix=).")] = None,
     store_codec: Annotated[str, typer.Option(
-        help="Lossless codec of stored KV blocks: raw, zstd, planes, exponent or predictive.")] = "zstd",
+        help="Lossless codec of stored KV blocks, every tier's default: raw, zstd, planes, exponent, predictive "
+             "or speculative (reruns a cheaper predictor on the prefix tokens at load).")] = "zstd",
+    store_ram_codec: Annotated[str | None, typer.Option(help="Codec of the RAM tier (default --store-codec).")
+                               ] = None,
+    store_disk_codec: Annotated[str | None, typer.Option(help="Codec of the disk tier (default --store-codec).")
+                                ] = None,
+    store_redis_codec: Annotated[str | None, typer.Option(
+        help="Codec of the Redis tier (default --store-codec), e.g. speculative where capacity is the limit.")
+                                 ] = None,
     store_write_back: Annotated[bool, typer.Option(
         help="Write blocks to RAM first, to disk/Redis on eviction and at shutdown (needs --store-ram).")] = False,
 ) -> None:
@@ -115,7 +123,8 @@ def serve(
     security = _security(host, api_key, api_keys_file, admin_key, shared_cache, explain_details, allowed_host,
                          cors_origin, metrics_auth, dashboard_auth)
     price_table = PriceTable.parse(prices)
-    store = _store_options(store_ram, store_disk, store_redis, store_codec, store_write_back)
+    store = _store_options(store_ram, store_disk, store_redis, store_codec, store_write_back,
+                           {"ram": store_ram_codec, "disk": store_disk_codec, "redis": store_redis_codec})
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                           eviction=eviction, kv_budget_tokens=kv_budget_tokens)
@@ -169,12 +178,13 @@ def _security(host: str, api_keys: list[str] | None, keys_file: str | None, admi
     return fields
 
 
-def _store_options(ram: str | None, disk: str | None, redis: str | None, codec: str, write_back: bool
-                   ) -> StoreOptions | None:
+def _store_options(ram: str | None, disk: str | None, redis: str | None, codec: str, write_back: bool,
+                   tier_codecs: dict[str, str | None]) -> StoreOptions | None:
     """The --store-* options, checked before the model loads (None when no tier is asked for)."""
     from hafiza.cli.store import StoreOptions
 
-    options = StoreOptions(ram, disk, redis, codec, write_back)
+    options = StoreOptions(ram, disk, redis, codec, write_back,
+                           tuple((tier, c) for tier, c in tier_codecs.items() if c is not None))
     options.validate()
     return options if options.enabled else None
 
@@ -189,6 +199,7 @@ def _connect_store(engine: LLMEngine, options: StoreOptions | None) -> StoreConn
     from hafiza.cli.store import connect_store
 
     connector = connect_store(engine, options)
-    logging.getLogger("hafiza.store").info("KV store tiers: %s (codec %s%s)", " -> ".join(connector.store.names),
-                                           options.codec, ", write-back" if options.write_back else "")
+    codecs = ", ".join(f"{n} {c}" for n, c in zip(connector.store.names, connector.codecs, strict=True))
+    logging.getLogger("hafiza.store").info("KV store tiers: %s (codecs: %s%s)", " -> ".join(connector.store.names),
+                                           codecs, ", write-back" if options.write_back else "")
     return connector

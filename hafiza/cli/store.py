@@ -22,6 +22,7 @@ class StoreOptions:
     redis: str | None = None
     codec: str = DEFAULT_STORE_CODEC
     write_back: bool = False
+    tier_codecs: tuple[tuple[str, str], ...] = ()  # (tier name, codec) where a tier differs from `codec`
 
     @property
     def enabled(self) -> bool:
@@ -30,6 +31,16 @@ class StoreOptions:
     def validate(self) -> None:
         """Raise a one-line HafizaError for a bad option, before the model is loaded."""
         check_codec(self.codec)
+        for tier, codec in self.tier_codecs:
+            try:
+                check_codec(codec)
+            except ConfigError as exc:
+                raise StoreConfigError(str(exc), setting=f"store_{tier}_codec") from None
+            if getattr(self, tier) is None:
+                raise StoreConfigError(f"--store-{tier}-codec needs --store-{tier}")
+        if self.write_back and len({c for _, c in self.tier_codecs} | {self.codec}) > 1:
+            raise StoreConfigError("--store-write-back needs one codec for every tier (RAM entries are written "
+                                   "down as they are)")
         if self.ram is not None:
             try:
                 parse_size(self.ram)
@@ -49,6 +60,7 @@ def connect_store(engine: LLMEngine, options: StoreOptions) -> StoreConnector:
     options.validate()
     store = build_tiers(options.ram, options.disk, options.redis, write_back=options.write_back)
     ttl = parse_redis_url(options.redis).ttl_s if options.redis else DEFAULT_TTL_S
-    connector = StoreConnector.for_engine(engine, store, codec=options.codec, default_ttl_s=ttl)
+    connector = StoreConnector.for_engine(engine, store, codec=options.codec, tier_codecs=dict(options.tier_codecs),
+                                          default_ttl_s=ttl)
     engine.attach_connector(connector)
     return connector

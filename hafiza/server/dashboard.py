@@ -199,8 +199,8 @@ async def drop_prefix(request: Request, prefix_id: str, include_shared: bool = F
 def delete_from_tiers(connector: StoreConnector, hashes: list[str]) -> dict[str, int]:
     """Delete blocks from every tier of the connector's store, once its pending writes have landed."""
     connector.flush(5.0)
-    keys = [connector.key(h) for h in hashes]
-    return {tier.name: sum(tier.delete(k) for k in keys) for tier in connector.store.tiers}
+    return {tier.name: sum(tier.delete(connector.key(h, j)) for h in hashes)
+            for j, tier in enumerate(connector.store.tiers)}
 
 
 @router.post("/dashboard/tiers/{name}/clear", dependencies=[Depends(require_admin)])
