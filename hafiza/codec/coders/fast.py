@@ -16,19 +16,23 @@ dtypes use the `planes` layout, whose model block (the median exponents) is the 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 import zstandard
 
 from hafiza.codec.coders.base import BoundCoder, Coder
-from hafiza.codec.coders.fast_kernel import OFFSET, SIGN_AS_IS, SIGN_CHANGE, SIGN_MAJORITY, join_bf16
 from hafiza.codec.coders.planes import PlanesCoder, _params
 from hafiza.codec.formats import BitFormat
 from hafiza.codec.layout import ChunkRef
 from hafiza.codec.predictors.base import BoundPredictor
 
 _HEAD = struct.Struct("<BII")  # sign mode, escape count, Huffman frame length
+OFFSET = 64  # a symbol's 7 low bits are exponent - median + OFFSET: exponents within [-64, 63] of the median
+SIGN_AS_IS, SIGN_CHANGE, SIGN_MAJORITY = 0, 1, 2  # what a symbol's top bit holds: the sign XOR nothing / the
+# previous token's sign / the chunk's majority sign of the channel
 _CARRIER_SHIFTS = np.arange(7, dtype=np.uint8)[:, None]
 
 
@@ -52,6 +56,21 @@ def _flag_bits(flags: np.ndarray) -> float:
     if p <= 0.0 or p >= 1.0:
         return 0.0
     return -flags.size * (p * np.log2(p) + (1 - p) * np.log2(1 - p))
+
+
+def _kernel() -> Callable[..., None]:
+    """The compiled decode pass (imports numba the first time)."""
+    from hafiza.codec.coders.fast_kernel import join_bf16
+
+    return join_bf16
+
+
+def warm_up() -> None:
+    """Load (or, on a fresh installation, compile) the decode kernel now, so that the first decode of a
+    serving process does not wait for it: a tiny container through the same path real decodes take."""
+    from hafiza.codec import CodecContext, decode, encode
+
+    decode(encode(torch.zeros(1, 8, 8, dtype=torch.bfloat16), CodecContext(coder="fast")))
 
 
 @dataclass
@@ -114,7 +133,7 @@ class _Fast(BoundCoder):
             majority = np.unpackbits(np.frombuffer(payload[c.mant_end : c.row_end], np.uint8),
                                      count=self.channels, bitorder="little")
         out16 = out.reshape(c.tokens, self.channels)
-        join_bf16(np.frombuffer(raw, np.uint8), np.frombuffer(payload[c.frame_end : c.mant_end], np.uint8),
+        _kernel()(np.frombuffer(raw, np.uint8), np.frombuffer(payload[c.frame_end : c.mant_end], np.uint8),
                   self.medians[ref.group], c.mode, majority, out16)
         if c.escapes:
             where = np.frombuffer(payload[c.row_end : c.row_end + 4 * c.escapes], "<u4")

@@ -1,13 +1,13 @@
 """The `fast` coder's decode kernel: symbols and packed mantissas back to bf16 bit patterns in one compiled
-pass (numba), since a dozen numpy passes per chunk cost several times the Huffman decode itself."""
+pass (numba), since a dozen numpy passes per chunk cost several times the Huffman decode itself. Imported on
+first use (numba's import takes about a second); compiled once per installation and cached on disk."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-OFFSET = 64  # a symbol's 7 low bits are exponent - median + OFFSET
-SIGN_AS_IS, SIGN_CHANGE, SIGN_MAJORITY = 0, 1, 2
+from hafiza.codec.coders.fast import OFFSET, SIGN_CHANGE, SIGN_MAJORITY
 
 
 @numba.njit(cache=True, nogil=True)
