@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from hafiza.models import LoadedModel, load_model
 from tests.support.models import make_tiny_model_dir
+
+# Deterministic under load: no per-example deadline and no too-slow health check (a busy CI core makes both fail
+# at random), and the same examples on every run (derandomize; no example database carried between runs).
+settings.register_profile("hafiza", deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("hafiza")
 
 
 @pytest.fixture(scope="session")
