@@ -1,0 +1,143 @@
+"""The speculative tier codec on a tiny model and a real redis-server: bit-identical KV across instances, every
+decode failure recomputed with a correct answer, and the cost model's plan following its measured inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hafiza.cache.hashing import chain_hashes
+from hafiza.codec import container
+from hafiza.engine import LLMEngine
+from hafiza.models import LoadedModel, load_model
+from hafiza.store.connector import StoreConnector
+from hafiza.store.cost import CostModel
+from hafiza.store.memory import MemoryStore
+from hafiza.store.redis_store import RedisStore
+from hafiza.store.tiered import TieredStore
+from tests.support.redis_server import RedisServer
+
+from .conftest import unique_prefix
+from .engine_support import cold, engine_with, prompt_ids, serve
+
+N = 72  # tokens: 4 full blocks of 16 can come from the store (the last token is always computed)
+BS = 16
+
+
+def redis_engine(model: LoadedModel, server: RedisServer, prefix: str) -> tuple[LLMEngine, StoreConnector]:
+    """An engine whose only tier is Redis (under `prefix`) with the speculative codec."""
+    engine, conn = engine_with(model, TieredStore([RedisStore(server.url, prefix=prefix, name="redis")]),
+                               codec="speculative")
+    assert conn is not None
+    return engine, conn
+
+
+def pool_blocks(engine: LLMEngine, hashes: list[str]) -> torch.Tensor:
+    return engine.kv.read_blocks([engine.blocks.hash_to_block[h] for h in hashes])
+
+
+def test_block_written_by_one_instance_decodes_bit_identically_in_another(tiny_llama: LoadedModel,
+                                                                          redis_server: RedisServer) -> None:
+    ids = prompt_ids(tiny_llama, N)
+    prefix = unique_prefix()
+    a_engine, a = redis_engine(tiny_llama, redis_server, prefix)
+    reference = serve(a_engine, ids).tokens
+    assert a.flush() and a.stats.encoded_blocks >= 4 and a.stats.encode_errors == 0
+    hashes = chain_hashes(ids, BS, (*a_engine.extra_keys, None))[:4]
+    stored = a.store.tiers[0].get(a.key(hashes[2]))
+    assert stored is not None
+    header, _, _ = container.read(stored)
+    assert (header.coder_id, header.predictor_id) == (3, 2)  # the predictive coder over the speculative predictor
+
+    b_engine, b = redis_engine(tiny_llama, redis_server, prefix)
+    got = serve(b_engine, ids)
+    assert got.tokens == reference == cold(tiny_llama, ids)
+    assert got.external == 4 * BS and got.sources == {"redis": 4 * BS}
+    assert got.decision.startswith("load: predict+decode:")
+    assert b.stats.decisions["predict"] == 1 and b.stats.decode_fallbacks == 0 and b.stats.predictor_seconds > 0
+    assert torch.equal(pool_blocks(b_engine, hashes), pool_blocks(a_engine, hashes))
+    a.close()
+    b.close()
+
+
+def test_mismatched_prediction_and_corrupt_entry_are_recomputed(tiny_dirs: dict[str, Path], tiny_llama: LoadedModel,
+                                                                redis_server: RedisServer) -> None:
+    ids = prompt_ids(tiny_llama, N)
+    prefix = unique_prefix()
+    a_engine, a = redis_engine(tiny_llama, redis_server, prefix)
+    serve(a_engine, ids)
+    assert a.flush()
+
+    # Same files, so the same fingerprint and keys, but weights changed in memory: this instance's K/V and its
+    # predictor's rerun both differ from the encoder's; its answer must be its own cold run.
+    other = load_model(tiny_dirs["llama"], dtype="fp32", device="cpu")
+    other.model.layers[0].input_norm.mul_(1.5)
+    b_engine, b = redis_engine(other, redis_server, prefix)
+    got = serve(b_engine, ids)
+    assert got.tokens == cold(other, ids)
+    assert got.external == 0 and "predictor's rerun differs" in got.decision
+    assert b.stats.prediction_mismatches == 1 and b.stats.decode_fallbacks == 1 and b.stats.blocks_corrupt == 0
+    b.close()
+
+    # A damaged RAM entry (RAM has no frame: the codec's checksum catches it) is dropped and recomputed.
+    ram = MemoryStore(64 << 20, name="ram")
+    c_engine, c = engine_with(tiny_llama, TieredStore([ram]), codec="speculative")
+    assert c is not None
+    reference = serve(c_engine, ids).tokens
+    assert c.flush()
+    hashes = chain_hashes(ids, BS, (*c_engine.extra_keys, None))
+    bad = c.key(hashes[1])
+    value = bytearray(ram.get(bad) or b"")
+    value[len(value) // 2] ^= 0x40
+    ram.put(bad, bytes(value))
+    d_engine, d = engine_with(tiny_llama, TieredStore([ram]), codec="speculative")
+    assert d is not None
+    got = serve(d_engine, ids)
+    assert got.tokens == reference and got.external == BS
+    assert "only 1 of 4 blocks arrived intact" in got.decision and "ChecksumError" in got.decision
+    assert d.stats.blocks_corrupt == 1 and d.stats.decode_fallbacks == 1
+    assert d.flush() and ram.get(bad) not in (None, bytes(value))  # dropped, recomputed and written again intact
+    a.close()
+    d.close()
+
+
+def test_plan_follows_tier_speed_prefill_speed_and_predictor_speed(tiny_llama: LoadedModel,
+                                                                   redis_server: RedisServer) -> None:
+    ids = prompt_ids(tiny_llama, N)
+    prefix = unique_prefix()
+    a_engine, a = redis_engine(tiny_llama, redis_server, prefix)
+    reference = serve(a_engine, ids).tokens
+    assert a.flush()
+
+    def admit(set_up: Callable[[CostModel], None]) -> tuple[str, int, list[int]]:
+        """A fresh instance over A's blocks, its cost model given `set_up`'s measurements, serving the prompt."""
+        engine, conn = redis_engine(tiny_llama, redis_server, prefix)
+        set_up(conn.store.cost)
+        got = serve(engine, ids)
+        conn.close()
+        return got.decision, got.external, got.tokens
+
+    def fast_prefill(cost: CostModel) -> None:
+        cost.set_prefill_rate(1e12)
+
+    def slow_tier(cost: CostModel) -> None:
+        cost.set_prefill_rate(1000.0)
+        cost.observe_predict(1_000_000, 1.0)
+        cost.observe_load("redis", 1_000, 10.0)  # 100 bytes/s
+
+    def slow_predictor(cost: CostModel) -> None:
+        cost.set_prefill_rate(1000.0)
+        cost.observe_predict(10, 100.0)  # 0.1 tokens/s
+
+    def fast_everything(cost: CostModel) -> None:
+        cost.set_prefill_rate(1.0)  # 1 token/s: loading wins
+        cost.observe_predict(1_000_000, 1.0)
+
+    for set_up in (fast_prefill, slow_tier, slow_predictor):
+        decision, external, tokens = admit(set_up)
+        assert decision.startswith("recompute:") and external == 0 and tokens == reference, set_up.__name__
+    loaded = admit(fast_everything)
+    assert loaded[0].startswith("load: predict+decode:") and loaded[1] == 4 * BS and loaded[2] == reference
+    a.close()
