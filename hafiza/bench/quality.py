@@ -148,20 +148,23 @@ def peer_rows(loaded: LoadedModel, texts: list[tuple[str, list[int]]], setup: Se
 
 
 def run(model: str | None, files: list[Path], formats: list[str], policies: list[str], setup: Setup,
-        peer: bool, device: str) -> dict[str, Any]:
-    """The whole benchmark: hafiza rows, then the transformers peer rows."""
-    loaded = load_model(model, dtype="fp32", device=device)
+        peer: bool, device: str, weights: str = "fp32") -> dict[str, Any]:
+    """The whole benchmark: hafiza rows, then the transformers peer rows (which compute with the weights
+    dequantized exactly, so `weights` fp32 gives both systems the same numbers)."""
+    loaded = load_model(model, dtype="fp32", device=device, weights=weights)
     texts = load_texts(loaded, files, setup.tokens)
     _log(f"quality: {len(texts)} texts x {[len(t) for _, t in texts]} tokens, chunk {setup.chunk}")
     rows = hafiza_rows(loaded, texts, formats, policies, setup)
     if peer:
         rows += peer_rows(loaded, texts, setup)
-    return {"model": loaded.name, "compute_dtype": "fp32", "device": str(loaded.device), "baseline": BASELINE,
+    return {"model": loaded.name, "compute_dtype": "fp32", "weights": weights, "device": str(loaded.device),
+            "baseline": BASELINE,
             "torch_threads": torch.get_num_threads(),
             "chunk": setup.chunk, "gen_tokens": setup.gen_tokens, "points_per_text": setup.points,
             "budget_tokens": setup.budget_tokens, "block_size": setup.block_size,
-            "served_as": (f"hafiza serve --kv-dtype F --max-num-batched-tokens {setup.chunk} --max-num-seqs 1 "
-                          f"--block-size {setup.block_size} [--eviction P --kv-budget-tokens {setup.budget_tokens}]"),
+            "served_as": (f"hafiza serve --weights {weights} --dtype fp32 --kv-dtype F --max-num-batched-tokens "
+                          f"{setup.chunk} --max-num-seqs 1 --block-size {setup.block_size} "
+                          f"[--eviction P --kv-budget-tokens {setup.budget_tokens}]"),
             "texts": [{"name": n, "tokens": len(t)} for n, t in texts], "results": rows}
 
 
@@ -233,6 +236,9 @@ def register(bench_app: typer.Typer) -> None:
         plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot here.")] = None,
         model: Annotated[str | None, typer.Option(help="GGUF file or model directory.")] = None,
         device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+        weights: Annotated[str, typer.Option(help="Weight format (see `hafiza serve --help`); fp32, the exact "
+                                             "dequantized weights, is what the transformers peer computes with.")
+                           ] = "fp32",
         tokens: Annotated[int, typer.Option(help="Tokens evaluated per text.")] = 4096,
         chunk: Annotated[int, typer.Option(help="Prefill chunk: the engine's max_num_batched_tokens.")] = 64,
         points: Annotated[int, typer.Option(help="Greedy continuation points per text.")] = 3,
@@ -250,7 +256,7 @@ def register(bench_app: typer.Typer) -> None:
         files = list(text) if text else sorted(TEXT_DIR.glob("*.txt"))
         setup = Setup(tokens=tokens, chunk=chunk, points=points, gen_tokens=gen, budget_tokens=budget)
         split = [s for s in formats.split(",") if s]
-        data = run(model, files, split, [p for p in policies.split(",") if p], setup, peer, device)
+        data = run(model, files, split, [p for p in policies.split(",") if p], setup, peer, device, weights)
         print_table(data)
         print(f"wrote {write_json(data, json_path, 'quality.json')}")
         if plot_path:
