@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -17,9 +14,9 @@ import pytest
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.errors import HafizaError
 from hafiza.server import ServerSettings
-from hafiza.server.launch import free_port
 from hafiza.server.settings import Access, read_keys_file
 from tests.server.conftest import Server, _start, long_text
+from tests.support.serve import ServeProcess, run_cli
 
 ALICE, BOB, ADMIN = "role-alice-1", "role-bob-2", "role-admin-3"
 
@@ -196,18 +193,15 @@ def test_settings_refuse_unsafe_combinations(tmp_path) -> None:
     assert s.keys == ("a", "b") and s.partition_by_key and not ServerSettings(api_key="a").partition_by_key
 
 
-def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hafiza", "serve", *args], capture_output=True, text=True,
-                          timeout=120)
-
-
 @pytest.mark.parametrize(("args", "message"), [
     (("--metrics-auth", "bogus"), "--metrics-auth must be none, api or admin, got 'bogus'"),
     (("--api-key", "k1", "--admin-key", "k1"), "--admin-key: the admin key must differ from every API key"),
     (("--api-key", "k1", "--dashboard-auth", "admin"), "--dashboard-auth: dashboard_auth admin needs an admin key"),
     (("--api-keys-file", "/nonexistent/keys"), "--api-keys-file: keys file /nonexistent/keys: cannot read it")])
-def test_serve_refuses_bad_security_flags_in_one_line(args: tuple[str, ...], message: str) -> None:
-    done = run_serve(*args)
+def test_serve_refuses_bad_security_flags_in_one_line(args: tuple[str, ...], message: str,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    done = run_cli(["serve", *args], monkeypatch, capsys)
     assert done.returncode == 2 and message in done.stderr + done.stdout
     assert "Traceback" not in done.stderr + done.stdout
 
@@ -215,24 +209,13 @@ def test_serve_refuses_bad_security_flags_in_one_line(args: tuple[str, ...], mes
 def test_serve_with_several_keys_partitions_and_checks_hosts(tmp_path) -> None:
     keys = tmp_path / "keys"
     keys.write_text(f"# tenants\n{BOB}\n", encoding="utf-8")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hafiza", "serve", "--port", str(port), "--api-key", ALICE,
-                             "--api-keys-file", str(keys), "--admin-key", ADMIN], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server = ServeProcess(tmp_path / "serve.log", "--api-key", ALICE, "--api-keys-file", str(keys),
+                          "--admin-key", ADMIN)
+    port = server.port
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.5)
-        with httpx.Client(base_url=url, timeout=300) as c:
-            model = c.get("/v1/models", headers={"x-api-key": ALICE}).json()["data"][0]["id"]
+        server.wait_ready(timeout_s=240, api_key=ALICE)
+        model = server.model
+        with httpx.Client(base_url=server.url, timeout=300) as c:
             text = long_text("cli-keys", 200)
 
             def cached_tokens(key: str) -> int:
@@ -249,6 +232,6 @@ def test_serve_with_several_keys_partitions_and_checks_hosts(tmp_path) -> None:
             assert c.post("/dashboard/tiers/pool/clear", json={}, headers={"x-api-key": BOB}).status_code == 403
             assert c.post("/dashboard/tiers/pool/clear", json={}, headers={"x-api-key": ADMIN}).status_code == 200
     finally:
-        proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=60)[0]
+        server.stop(signal.SIGINT, timeout_s=60)
+    out = server.output()
     assert "Traceback" not in out and ALICE not in out and BOB not in out

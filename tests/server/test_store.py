@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,6 +18,7 @@ from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread
 from hafiza.server.store import serve_store
 from hafiza.server.tiers import tiers_header
+from tests.support.serve import run_cli
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -29,9 +28,10 @@ from hafiza.server.tiers import tiers_header
     (["--store-ram", "lots"], "cannot read size 'lots'"),
     (["--store-redis", "http://h:1"], "scheme must be redis://"),
 ])  # fmt: skip
-def test_bad_store_option_is_one_line_before_the_model_loads(args: list[str], message: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "hafiza", "serve", *args], capture_output=True, text=True,
-                          timeout=120)
+def test_bad_store_option_is_one_line_before_the_model_loads(args: list[str], message: str,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    proc = run_cli(["serve", *args], monkeypatch, capsys)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert message in proc.stderr
 
