@@ -141,3 +141,33 @@ def test_plan_follows_tier_speed_prefill_speed_and_predictor_speed(tiny_llama: L
     loaded = admit(fast_everything)
     assert loaded[0].startswith("load: predict+decode:") and loaded[1] == 4 * BS and loaded[2] == reference
     a.close()
+
+
+def test_each_tier_its_own_codec_and_promotion_reencodes(tiny_llama: LoadedModel, redis_server: RedisServer) -> None:
+    """zstd in RAM, speculative in Redis: each tier holds its own coding; a Redis hit is promoted into RAM as zstd."""
+    ids = prompt_ids(tiny_llama, N)
+    prefix = unique_prefix()
+
+    def stack() -> TieredStore:
+        return TieredStore([MemoryStore(64 << 20, name="ram"), RedisStore(redis_server.url, prefix=prefix,
+                                                                          name="redis")])
+
+    a_engine, a = engine_with(tiny_llama, stack(), codec="zstd", tier_codecs={"redis": "speculative"})
+    assert a is not None and a.codecs == ["zstd", "speculative"]
+    reference = serve(a_engine, ids).tokens
+    assert a.flush()
+    h = chain_hashes(ids, BS, (*a_engine.extra_keys, None))[0]
+    ram, rds = a.store.tiers
+    assert ":zstd:" in a.key(h, 0) and ":speculative:" in a.key(h, 1)
+    assert ram.contains(a.key(h, 0)) and rds.contains(a.key(h, 1)) and not rds.contains(a.key(h, 0))
+
+    b_engine, b = engine_with(tiny_llama, stack(), codec="zstd", tier_codecs={"redis": "speculative"})
+    assert b is not None
+    got = serve(b_engine, ids)
+    assert got.tokens == reference and got.sources == {"redis": 4 * BS}
+    assert got.decision.startswith("load: predict+decode:")
+    assert b.flush() and b.store.tiers[0].contains(b.key(h, 0))  # promoted into RAM, re-encoded with zstd
+    header, _, _ = container.read(b.store.tiers[0].get(b.key(h, 0)) or b"")
+    assert header.predictor_id == 0
+    a.close()
+    b.close()
