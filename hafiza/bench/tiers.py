@@ -33,11 +33,19 @@ from hafiza.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from hafiza.engine.connector import TierOutcome
 from hafiza.models import LoadedModel, load_model
 from hafiza.store.base import KVStore
-from hafiza.store.codecs import DEFAULT_STORE_CODEC, STORE_CODECS, check_codec, decode_block, encode_block
+from hafiza.store.codecs import (
+    DEFAULT_STORE_CODEC,
+    STORE_CODECS,
+    TOKEN_CODECS,
+    check_codec,
+    decode_block,
+    encode_block,
+)
 from hafiza.store.connector import StoreConnector
 from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
 from hafiza.store.redis_store import RedisStore
+from hafiza.store.speculative import BlockPredictor, BlockwiseKV
 from hafiza.store.tiered import TieredStore
 
 TEXT = Path("bench/texts/en_declaration_gettysburg.txt")
@@ -112,11 +120,16 @@ def codec_table(engine: LLMEngine, ids: list[int], codecs: list[str]) -> list[di
     rows = []
     for codec in codecs:
         sizes, enc, dec = [], [], []
-        for b in blocks:
+        predictor = decoder = None
+        if codec in TOKEN_CODECS:  # one predictor encodes, another decodes: each reruns the prefix once, block by block
+            predictor, decoder = (BlockPredictor(BlockwiseKV(engine.runner.model, bs), engine.extra_keys[0])
+                                  for _ in range(2))
+        for i, b in enumerate(blocks):
+            prefix = ids[: (i + 1) * bs] if predictor is not None else None
             t0 = time.perf_counter()
-            blob = encode_block(b, codec)
+            blob = encode_block(b, codec, prefix, predictor)
             t1 = time.perf_counter()
-            back = decode_block(blob, b.shape, b.dtype)
+            back = decode_block(blob, b.shape, b.dtype, prefix, decoder)
             t2 = time.perf_counter()
             assert torch.equal(back.view(torch.int16), b.view(torch.int16)), f"{codec} is not lossless"
             sizes.append(len(blob))
@@ -209,7 +222,7 @@ def register(bench_app: typer.Typer) -> None:
         codec: Annotated[str, typer.Option(help="Codec of the stored blocks for the TTFT runs.")
                          ] = DEFAULT_STORE_CODEC,
         codecs: Annotated[str, typer.Option(help="Codecs for the bytes-per-token table (comma-separated).")
-                          ] = ",".join(STORE_CODECS),
+                          ] = ",".join(c for c in STORE_CODECS if c not in TOKEN_CODECS),
         redis_url: Annotated[str | None, typer.Option("--redis", help="Redis URL (default: start a local "
                                                                         "redis-server for the run).")] = None,
     ) -> None:
