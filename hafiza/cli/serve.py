@@ -89,8 +89,8 @@ def serve(
         help="KV store tier shared by instances: redis://host:port or redis://host:port/DB, or "
              "redis+cluster://host:port (?ttl=SECONDS, default 300; ?prefix=).")] = None,
     store_codec: Annotated[str, typer.Option(
-        help="Lossless codec of stored KV blocks, every tier's default: raw, zstd, planes, exponent, predictive "
-             "or speculative (reruns a cheaper predictor on the prefix tokens at load).")] = "zstd",
+        help="Lossless codec of stored KV blocks, every tier's default: raw, zstd, fast, planes, exponent, "
+             "predictive or speculative (reruns a cheaper predictor on the prefix tokens at load).")] = "fast",
     store_ram_codec: Annotated[str | None, typer.Option(help="Codec of the RAM tier (default --store-codec).")
                                ] = None,
     store_disk_codec: Annotated[str | None, typer.Option(help="Codec of the disk tier (default --store-codec).")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hafiza.codec.coders.fast import warm_up
 from hafiza.codec.errors import PredictionMismatchError
 from hafiza.engine.connector import KVConnector, TierHit, TierLoad
 from hafiza.errors import ConfigError
@@ -121,6 +122,8 @@ class StoreConnector(KVConnector):
             raise ConfigError(f"codec given for tier(s) {sorted(unknown)}, but the tiers are {store.names}",
                               setting="store_codec")
         self.codecs = [check_codec((tier_codecs or {}).get(name, codec)) for name in store.names]
+        if "fast" in self.codecs:
+            warm_up()  # the fast coder's decode kernel is compiled code: load it now, not on the first hit
         if store.write_back and len(set(self.codecs)) > 1:
             given = ", ".join(f"{n}={c}" for n, c in zip(store.names, self.codecs, strict=True))
             raise ConfigError(f"write-back needs one codec for every tier, got {given} (an entry leaving RAM is "
