@@ -13,7 +13,7 @@ from rich.table import Table
 
 from hafiza.bench.common import write_json
 from hafiza.cli.options import Weights
-from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
+from hafiza.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from hafiza.models import LoadedModel, load_model
 
 SYSTEM_SENTENCE = (
@@ -65,16 +65,22 @@ def bench_prefix(loaded: LoadedModel, system_tokens: int, repeats: int) -> dict[
             "warm_ttft_s": w, "speedup": c / w, "repeats": repeats}
 
 
+def timed_generate(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
+                   ) -> tuple[list[RequestOutput], float]:
+    """One short warm-up request, then `prompts` as one `generate` call: its outputs and wall seconds."""
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, params)
+    return out, time.perf_counter() - t0
+
+
 def bench_batch(loaded: LoadedModel, streams: list[int], new_tokens: int) -> dict[str, Any]:
     results = []
     for n in streams:
         engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB", max_num_seqs=max(streams)))
-        engine.generate([QUESTIONS[0]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
         prompts = [chat_ids(loaded, "You are helpful.", QUESTIONS[i % len(QUESTIONS)] + f" ({i})") for i in range(n)]
         params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-        t0 = time.perf_counter()
-        out = engine.generate(prompts, params)
-        secs = time.perf_counter() - t0
+        out, secs = timed_generate(engine, prompts, params)
         tokens = sum(len(r.token_ids) for r in out)
         results.append({"streams": n, "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs})
     base = results[0]["tokens_per_s"]

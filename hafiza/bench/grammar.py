@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.bench.common import write_json
-from hafiza.bench.engine_benches import chat_ids, system_prompt
+from hafiza.bench.engine_benches import chat_ids, system_prompt, timed_generate
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.engine.grammar import GrammarSpec
 from hafiza.models import LoadedModel, load_model
@@ -211,11 +211,7 @@ def bench_choices(loaded: LoadedModel, n: int, system_tokens: int, new_tokens: i
         (f"{n} separate requests", [ids] * n, SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=0,
                                                              ignore_eos=True)),
     ]:
-        engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB"))
-        engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))  # warm-up
-        t0 = time.perf_counter()
-        out = engine.generate(prompts, params)
-        secs = time.perf_counter() - t0
+        out, secs = timed_generate(LLMEngine(loaded, EngineConfig(kv_memory="512MiB")), prompts, params)
         computed = sum(r.num_prompt_tokens - r.num_cached_tokens for r in out)
         rows.append({"run": label, "choices": len(out), "seconds": secs, "prompt_tokens_computed": computed})
     return {"n": n, "prompt_tokens": len(ids), "new_tokens": new_tokens, "results": rows,

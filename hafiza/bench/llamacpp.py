@@ -29,50 +29,13 @@ import typer
 
 from hafiza.bench import serve as serve_bench
 from hafiza.bench.common import wait_http, write_json
+from hafiza.bench.llama_peer import llama_generate, llama_import, llama_ttft, open_llama
 from hafiza.threads import user_environment
 
 NEW_TOKENS = 64
 QUICK_ARGS = ("--contexts", "64", "--repeats", "1", "--system-tokens", "160", "--sessions", "2", "--turns", "1",
               "--max-tokens", "4", "--system-words", "60")
 SLOT_CONTEXT = 2048
-
-
-def llama_import() -> tuple[Any, str | None]:
-    """(the llama_cpp module, None), or (None, why it cannot be used)."""
-    try:
-        import llama_cpp
-    except Exception as exc:  # ImportError, or a shared library that fails to load
-        return None, (f"llama-cpp-python is not installed ({type(exc).__name__}: {exc}); "
-                      "install the peers with `pip install '.[peers]'`")
-    return llama_cpp, None
-
-
-def open_llama(llama_cpp: Any, path: Path, n_ctx: int, threads: int) -> Any:
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                           n_threads_batch=threads, verbose=False)
-
-
-def llama_generate(llm: Any, ids: list[int], new_tokens: int) -> tuple[float, float]:
-    """(total seconds, seconds to the first token) for greedy tokens after a fresh prefill of `ids`."""
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    token = llm.sample(temp=0.0)
-    first = time.perf_counter()
-    for _ in range(new_tokens - 1):
-        llm.eval([token])
-        token = llm.sample(temp=0.0)
-    return time.perf_counter() - t0, first - t0
-
-
-def llama_ttft(llm: Any, ids: list[int]) -> tuple[float, int]:
-    """Seconds to the first token of a completion of `ids` (llama.cpp reuses the prefix it still holds), and
-    how many prompt tokens it reused."""
-    held = list(llm.input_ids[: llm.n_tokens])
-    reused = next((i for i, (a, b) in enumerate(zip(held, ids, strict=False)) if a != b), min(len(held), len(ids)))
-    t0 = time.perf_counter()
-    llm.create_completion(ids, max_tokens=1, temperature=0.0)
-    return time.perf_counter() - t0, min(reused, len(ids) - 1)
 
 
 def _median_runs(samples: list[tuple[float, float]]) -> tuple[float, float]:

@@ -89,7 +89,7 @@ def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict
 
 
 def run_llamacpp(model: Path, prefill: int, new_tokens: int, threads: int) -> dict[str, Any]:
-    from hafiza.bench.llamacpp import llama_generate, llama_import, open_llama
+    from hafiza.bench.llama_peer import llama_generate, llama_import, open_llama
 
     llama_cpp, reason = llama_import()
     if llama_cpp is None:

@@ -128,18 +128,24 @@ def _pack_int4_cuda(q: np.ndarray, device: torch.device) -> tuple[torch.Tensor, 
 
 
 class Int4Linear:
-    """int4 group-wise weights: q in 0..15 per value, bf16 (scale, zero) per 32 inputs and output."""
+    """int4 group-wise weights: q in 0..15 per value, bf16 (scale, zero) per 32 inputs and output.
 
-    kind = "int4"
+    With `planes=2` it holds an 8-bit group-wise tensor exactly (Q8_0): w = 16 d hi + d lo as two int4 planes
+    side by side along the input ([hi | lo], 2K wide), run as one kernel call on the input repeated twice
+    ([x | x]). One int8 scale per output channel cannot keep Q8_0's 32-wide scales (docs/WEIGHTS.md)."""
 
-    def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, device: torch.device) -> None:
-        """`packed` in the device kernel's layout, `scale_zero` bf16 [K // 32, N, 2]."""
+    def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, device: torch.device, planes: int = 1) -> None:
+        """`packed` in the device kernel's layout, `scale_zero` bf16 [planes * K // 32, N, 2]."""
         self.packed, self.scale_zero, self.device = packed.to(device), scale_zero.to(device), device
-        self.out_features, self.in_features = scale_zero.shape[1], scale_zero.shape[0] * INT4_GROUP
+        self.planes = planes
+        self.out_features, self.in_features = scale_zero.shape[1], scale_zero.shape[0] * INT4_GROUP // planes
+        self.kind = "int4" if planes == 1 else f"int4x{planes}"
 
     @classmethod
-    def from_ints(cls, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, device: torch.device) -> Int4Linear:
-        """q uint8 [N, K] (0..15), scale/zero fp32 [N, K // 32] with w = (q - 8) * scale + zero."""
+    def from_ints(cls, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, device: torch.device,
+                  planes: int = 1) -> Int4Linear:
+        """q uint8 [N, K] (0..15), scale/zero fp32 [N, K // 32] with w = (q - 8) * scale + zero (K counts
+        every plane)."""
         n, k = q.shape
         if n % 16 or k % INT4_GROUP:
             raise ValueError(f"int4 needs out % 16 == 0 and in % {INT4_GROUP} == 0, got [{n}, {k}]")
@@ -147,10 +153,12 @@ class Int4Linear:
         sz = torch.empty(k // INT4_GROUP, n, 2, dtype=torch.bfloat16)  # the kernel's [G, N, (scale, zero)]
         sz[..., 0], sz[..., 1] = torch.from_numpy(scale).t(), torch.from_numpy(zero).t()
         packed = _pack_int4_cuda(q, device)[0] if device.type == "cuda" else _pack_int4_cpu(q)
-        return cls(packed, sz, device)
+        return cls(packed, sz, device, planes)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
+        if self.planes > 1:
+            xb = xb.repeat(1, self.planes)
         if self.device.type == "cuda":
             y = torch.ops.aten._weight_int4pack_mm(xb, self.packed, INT4_GROUP, self.scale_zero)
         else:
@@ -236,6 +244,33 @@ class ConcatLinear:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+
+class RefinedHead:
+    """A vocabulary head whose `top` largest logits per row are recomputed in fp32 from the exact weight rows.
+
+    The packed kernels return bf16, whose spacing at a logit of 16..32 is 0.125: on the default model the
+    greedy choice between two tokens 0.08 apart (fp32) then depends on the rounding. The exact rows come from
+    the tied embedding (`rows`, the file's own values), so the top candidates are ranked as the exact model
+    ranks them; every other logit keeps the kernel's value."""
+
+    def __init__(self, base: Linear, rows: Rows, top: int = 16) -> None:
+        self.base, self.rows, self.top = base, rows, top
+        self.kind, self.out_features, self.in_features = base.kind, base.out_features, base.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x).float()
+        ids = y.topk(min(self.top, y.shape[1]), dim=1).indices
+        w = self.rows(ids.reshape(-1)).float().view(*ids.shape, self.in_features)
+        exact = (w * x.float()[:, None, :]).sum(-1)
+        return y.scatter_(1, ids, exact).to(x.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return self.base.dense()
+
+    @property
+    def nbytes(self) -> int:
+        return self.base.nbytes
 
 
 class Rows(Protocol):

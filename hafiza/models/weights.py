@@ -28,6 +28,7 @@ from hafiza.models.linear import (
     Int4Linear,
     Int8Linear,
     Linear,
+    RefinedHead,
     Rows,
     numpy_pack_matches_torch,
     pack_int4_cpu_numpy,
@@ -96,7 +97,9 @@ def linear_format(src: Source, mode: str) -> str:
         return "int4" if int4_ok else "int8"
     if src.bits is None:  # auto on a dense tensor keeps its dtype
         return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(src.dense_dtype, "fp32")
-    return "int4" if src.bits == 4 and src.group == INT4_GROUP and int4_ok else "int8"
+    if src.group == INT4_GROUP and int4_ok and src.bits in (4, 8):
+        return "int4" if src.bits == 4 else "int4x2"
+    return "int8"
 
 
 def _dense(srcs: list[Source], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -148,8 +151,31 @@ def _int4_parts(part: GroupedInts | torch.Tensor) -> tuple[np.ndarray, np.ndarra
     return requantize_int4(_as_fp32(part))
 
 
-def _int4(srcs: list[Source], device: torch.device) -> Int4Linear:
-    n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
+def two_plane_parts(part: GroupedInts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An up-to-8-bit 32-wide grouped tensor as two int4 planes [hi | lo] (q [rows, 2K], scale/zero per 32):
+    with u = q (+128 if signed), w = (hi' - 8) * 16 s + (lo - 8) * s + c, hi' = u >> 4 (+8 below 8 bits, so the
+    plane's values stay in 0..15 and c stays near 8 s), lo = u & 15, c = zero + s * (136 - offset - 16 * shift).
+    Exact in fp32; the kernel rounds s and c to bf16 (16 s stays 16 times bf16(s))."""
+    signed = part.q.dtype == np.int8
+    u = (part.q.astype(np.int16) + 128).astype(np.uint8) if signed else part.q
+    shift = 0 if part.bits == 8 else 8
+    hi, lo = (u >> 4) + np.uint8(shift), u & np.uint8(15)
+    s = part.scale
+    c = part.zero + s * np.float32(136 - (128 if signed else 0) - 16 * shift)
+    return (np.concatenate([hi, lo], axis=1), np.concatenate([16 * s, s], axis=1),
+            np.concatenate([np.zeros_like(s), c], axis=1))
+
+
+def _int4x2_parts(part: GroupedInts | torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if not isinstance(part, GroupedInts) or part.group != INT4_GROUP or part.bits > 8:
+        raise ValueError("two int4 planes hold only 32-wide grouped integers of up to 8 bits")
+    return two_plane_parts(part)
+
+
+def _int4(srcs: list[Source], device: torch.device, planes: int = 1) -> Int4Linear:
+    """int4 group-wise from 4-bit sources (planes=1) or 8-bit ones as two exact planes (planes=2)."""
+    parts_of = _int4_parts if planes == 1 else _int4x2_parts
+    n, k = sum(s.rows for s in srcs), srcs[0].shape[1] * planes
     if device.type == "cpu" and all(s.rows % 32 == 0 for s in srcs) and numpy_pack_matches_torch():
         # chunk by chunk straight into the kernel's layout: no whole-tensor integer copy
         packed = np.empty((n, k // 2), dtype=np.uint8)
@@ -157,12 +183,12 @@ def _int4(srcs: list[Source], device: torch.device) -> Int4Linear:
         row = 0
         for s in srcs:
             for a, b in s.chunks():
-                q, scale, zero = _int4_parts(s.read(a, b))
+                q, scale, zero = parts_of(s.read(a, b))
                 packed[row + a : row + b] = pack_int4_cpu_numpy(q)
                 sz[:, row + a : row + b, 0] = torch.from_numpy(scale).t()
                 sz[:, row + a : row + b, 1] = torch.from_numpy(zero).t()
             row += s.rows
-        return Int4Linear(torch.from_numpy(packed), sz, device)
+        return Int4Linear(torch.from_numpy(packed), sz, device, planes)
     q = np.empty((n, k), dtype=np.uint8)
     scale = np.empty((n, k // INT4_GROUP), dtype=np.float32)
     zero = np.empty_like(scale)
@@ -170,9 +196,9 @@ def _int4(srcs: list[Source], device: torch.device) -> Int4Linear:
     for s in srcs:
         for a, b in s.chunks():
             r = slice(row + a, row + b)
-            q[r], scale[r], zero[r] = _int4_parts(s.read(a, b))
+            q[r], scale[r], zero[r] = parts_of(s.read(a, b))
         row += s.rows
-    return Int4Linear.from_ints(q, scale, zero, device)
+    return Int4Linear.from_ints(q, scale, zero, device, planes)
 
 
 def build_linear(srcs: list[Source], mode: str, device: torch.device) -> Linear:
@@ -182,8 +208,8 @@ def build_linear(srcs: list[Source], mode: str, device: torch.device) -> Linear:
     if len(set(formats)) > 1:
         return ConcatLinear([build_linear([s], mode, device) for s in srcs])
     fmt = formats[0]
-    if fmt == "int4":
-        return _int4(srcs, device)
+    if fmt in ("int4", "int4x2"):
+        return _int4(srcs, device, 1 if fmt == "int4" else 2)
     if fmt == "int8":
         return _int8(srcs, device)
     return DenseLinear(_dense(srcs, _DENSE[fmt], device))
@@ -300,6 +326,9 @@ def build_model_weights(sources: dict[str, Source], num_layers: int, tie_embeddi
         lm_head: Linear = DenseLinear(embed.w)
     else:
         lm_head = build_linear([head_src], mode, device)
+        exact_rows = isinstance(embed, GGUFRows | GroupedRows) and embed_src.bits is not None  # gguf's values
+        if tie_embeddings and exact_rows and isinstance(lm_head, Int4Linear | Int8Linear):
+            lm_head = RefinedHead(lm_head, embed)
     layers = []
     for i in range(num_layers):
         p = f"model.layers.{i}."

@@ -16,11 +16,12 @@ from hafiza.models.linear import (
     GroupedRows,
     Int4Linear,
     Int8Linear,
+    RefinedHead,
     _pack_int4_cpu_torch,
     pack_int4_cpu_numpy,
 )
 from hafiza.models.llama import cpu_fp32_linear
-from hafiza.models.weights import Source, build_linear, build_rows
+from hafiza.models.weights import Source, build_linear, build_rows, two_plane_parts
 from tests.support.gguf_models import random_blocks
 
 CPU = torch.device("cpu")
@@ -51,16 +52,58 @@ def test_int4_repack_of_4bit_blocks(qtype: T) -> None:
     assert float((lin(x) - ref).abs().max() / ref.abs().max()) < 2 * BF16_ULP
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
-def test_int8_requantization_error_is_bounded(qtype: T) -> None:
+@pytest.mark.parametrize(("qtype", "mode"), [(T.Q8_0, "q8"), (T.Q5_0, "auto"), (T.Q5_K, "auto"), (T.Q6_K, "auto")],
+                         ids=lambda t: getattr(t, "name", t))
+def test_int8_requantization_error_is_bounded(qtype: T, mode: str) -> None:
     """Wider formats go to int8 per output row: each value moves by at most half the row's step (+ bf16 scale)."""
     n, k = 64, 512
     raw = random_blocks(n, k, qtype, np.random.default_rng(4))
     exact = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))
-    lin = build_linear([gguf_source(raw, qtype, k)], "auto", CPU)
+    lin = build_linear([gguf_source(raw, qtype, k)], mode, CPU)
     assert isinstance(lin, Int8Linear)
     step = exact.abs().amax(dim=1, keepdim=True) / 127
     assert bool(((lin.dense() - exact).abs() <= step * (0.5 + 128 * BF16_ULP)).all())
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_two_int4_planes_hold_wider_blocks_exactly(qtype: T) -> None:
+    """[hi | lo] int4 planes rebuild 32-wide 5..8-bit blocks exactly in fp32; `auto` runs Q8_0 that way, and the
+    kernel's product differs from bf16 inputs times those weights only by bf16 rounding of scales and output."""
+    n, k = 64, 256
+    raw = random_blocks(n, k, qtype, np.random.default_rng(9))
+    exact = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))
+    q, scale, zero = two_plane_parts(unpack_rows(raw, qtype, k))
+    assert q.shape == (n, 2 * k) and int(q.max()) <= 15
+    planes = (torch.from_numpy(q).float().view(n, -1, 32) - 8) * torch.from_numpy(scale)[..., None] \
+        + torch.from_numpy(zero)[..., None]
+    planes = planes.view(n, 2 * k)
+    assert torch.equal(planes[:, :k] + planes[:, k:], exact)
+    if qtype != T.Q8_0:
+        return
+    lin = build_linear([gguf_source(raw, qtype, k)], "auto", CPU)
+    assert isinstance(lin, Int4Linear) and lin.kind == "int4x2" and lin.in_features == k
+    x = torch.randn(5, k)
+    ref = x.bfloat16().float() @ exact.t()
+    assert float((lin(x) - ref).abs().max() / ref.abs().max()) < 4 * BF16_ULP
+
+
+def test_refined_head_top_logits_are_fp32() -> None:
+    """The head's top logits are the fp32 products of the exact rows; the rest keep the kernel's values."""
+    v, k = 512, 256
+    raw = random_blocks(v, k, T.Q8_0, np.random.default_rng(10))
+    src = gguf_source(raw, T.Q8_0, k)
+    src.raw, src.qtype = (lambda a, b: raw[a:b]), T.Q8_0
+    rows = build_rows(src, "auto", torch.float32, CPU)
+    base = build_linear([src], "auto", CPU)
+    head = RefinedHead(base, rows, top=8)
+    x = torch.randn(3, k)
+    exact = x @ torch.from_numpy(dequantize(raw, T.Q8_0).reshape(v, k)).t()
+    got, approx = head(x), base(x)
+    top = got.topk(8, dim=1).indices
+    torch.testing.assert_close(got.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.argmax(1), exact.argmax(1))
+    rest = torch.ones_like(got, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(got[rest], approx[rest])
 
 
 def test_q4_requantizes_wider_formats_group_wise() -> None:
@@ -102,7 +145,12 @@ def _formats(n: int, k: int) -> dict[str, object]:
     zero = (torch.randn(n, k // 32, generator=g) * 0.01).numpy()
     int4 = Int4Linear.from_ints(q, scale, zero, CPU)
     int8 = Int8Linear.quantize(w, CPU)
+    two = Int4Linear.from_ints(np.concatenate([q, q[:, ::-1]], axis=1), np.concatenate([scale, scale], axis=1),
+                               np.concatenate([zero, zero], axis=1), CPU, planes=2)
+    embed = GroupedRows(q.astype(np.int8), scale, zero, 32, torch.float32, CPU)
     return {
+        "int4x2": two,
+        "refined-head": RefinedHead(int4, embed, top=4),
         "fp32": DenseLinear(w, cpu_fp32_linear),
         "fp32-F.linear": DenseLinear(w),
         "bf16": DenseLinear(w.bfloat16()),
