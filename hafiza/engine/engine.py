@@ -584,7 +584,9 @@ class LLMEngine:
         )
 
     def check_integrity(self) -> None:
-        """Block invariants plus: every block referenced by a live sequence has a matching reference."""
+        """Block invariants plus: every block referenced by a live sequence has a matching reference, a running
+        sequence was admitted, and its registered blocks are cached under its own chain's hashes (or not at all:
+        a duplicate of a block cached first elsewhere)."""
         self.blocks.check_integrity()
         refs: dict[int, int] = {}
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
@@ -592,6 +594,17 @@ class LLMEngine:
                 refs[bid] = refs.get(bid, 0) + 1
             if seq.status is Status.WAITING:
                 assert not seq.block_table, f"waiting request {seq.request_id} holds blocks"
+                continue
+            bs = self.layout.block_size
+            assert seq.tiers is not None, f"running request {seq.request_id} has no admission outcome"
+            assert seq.num_registered_blocks * bs <= seq.num_computed, (
+                f"request {seq.request_id}: {seq.num_registered_blocks} blocks registered, "
+                f"{seq.num_computed} tokens computed")
+            if not seq.evicted:
+                for i, bid in enumerate(seq.block_table[: seq.num_registered_blocks]):
+                    held = self.blocks.blocks[bid].hash
+                    assert held in (None, seq.block_hashes[i]), (
+                        f"request {seq.request_id}: its block {i} (pool block {bid}) is cached under another hash")
         for b in self.blocks.blocks:
             assert refs.get(b.block_id, 0) == b.ref_count, (
                 f"block {b.block_id}: ref_count {b.ref_count} but {refs.get(b.block_id, 0)} sequence references")
