@@ -16,6 +16,7 @@ from hafiza.bench.codec import peers
 from hafiza.bench.codec.measure import Measurement, entropy0, measure_bytes, measure_codec
 from hafiza.bench.codec.quantize import to_fp8, to_int8
 from hafiza.codec import CodecContext
+from hafiza.codec.coders.fast import warm_up as fast_warm_up
 from hafiza.codec.formats import tensor_bits
 from hafiza.codec.predictors.speculative import SpeculativePredictor
 from hafiza.errors import HafizaError
@@ -120,6 +121,8 @@ def run(texts: list[Path], tokens: int, coders: list[str], quantized: bool = Tru
     from hafiza.models import load_model
 
     torch.set_num_threads(1)
+    if "fast" in coders:
+        fast_warm_up()  # its compiled decode kernel is loaded before timing, as the store does when it starts
     lm = load_model(dtype="fp32", device="cpu", weights="fp32")
     preds = _Predictors(lm, grid)
     measurements: list[tuple[str, Measurement]] = []
