@@ -23,28 +23,24 @@ FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "
 Json = dict[str, object]
 
 
-def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
-    """OpenAI's `logit_bias` (token id strings to -100..100) as the engine's {token id: bias}."""
+def logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's `logit_bias` (token id strings) as the engine's {token id: bias}; the engine checks ids and values."""
     out: dict[int, float] = {}
     for key, value in (bias or {}).items():
-        if not key.isdigit() or int(key) >= vocab_size:
-            raise ApiError(400, f"logit_bias: {key!r} is not a token id of this model (0..{vocab_size - 1})",
-                           param="logit_bias")
-        if not -100.0 <= value <= 100.0:
-            raise ApiError(400, f"logit_bias[{key}]: bias must be between -100 and 100, got {value}",
-                           param="logit_bias")
+        if not (key.isascii() and key.isdigit() and len(key) <= 18):  # int() of unicode or 4,300+ digits raises
+            raise ApiError(400, f"logit_bias: {key[:40]!r} is not a token id", param="logit_bias")
         out[int(key)] = float(value)
     return out
 
 
-def sampling(req: SamplingFields, max_tokens: int, vocab_size: int, logprobs: int | None,
+def sampling(req: SamplingFields, max_tokens: int, logprobs: int | None,
              grammar: GrammarSpec | None, prompt_logprobs: int | None = None) -> SamplingParams:
     """Engine settings shared by chat and legacy completions (OpenAI defaults: temperature 1, top_p 1)."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     return SamplingParams(
         max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, min_p=req.min_p or 0.0,
-        seed=req.seed, stop=stop, n=req.n or 1, logit_bias=logit_bias(req.logit_bias, vocab_size),
+        seed=req.seed, stop=stop, n=req.n or 1, logit_bias=logit_bias(req.logit_bias),
         presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logprobs=logprobs, prompt_logprobs=prompt_logprobs, grammar=grammar)

@@ -302,6 +302,9 @@ HUGE = 2**64 + 1
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": HUGE}),
     ("/v1/chat/completions", {"logit_bias": {str(HUGE): 1.0}}),
     ("/v1/chat/completions", {"logit_bias": {"-1": 1.0}}),
+    ("/v1/chat/completions", {"logit_bias": {"9" * 5000: 1.0}}),
+    ("/v1/chat/completions", {"logit_bias": {"\u00b2": 1.0}}),
+    ("/v1/chat/completions", {"logit_bias": {"49152": 1.0}}),
 ])
 def test_integers_past_64_bits_get_400_or_are_served(http: httpx.Client, server: Server, path: str,
                                                      field: dict) -> None:

@@ -111,7 +111,7 @@ async def completions(request: Request, state: ServerState = Depends(server_stat
     rid = f"cmpl-{uuid.uuid4().hex[:24]}"
     runs: list[Run] = []
     for k, prompt in enumerate(prompts):
-        params = sampling(req, req.max_tokens if req.max_tokens is not None else 16, state.tokenizer.vocab_size,
+        params = sampling(req, req.max_tokens if req.max_tokens is not None else 16,
                           req.logprobs, None, echo_lp)
         gen = Generation(state, API, request, prompt, params, f"{rid}-{k}" if len(prompts) > 1 else rid,
                          cache_salt=request_partition(request, req.cache_salt))

@@ -202,7 +202,7 @@ async def create_response(request: Request, state: ServerState = Depends(server_
                            response_format_grammar(_format(req), "text.format"))
     logprobs = req.top_logprobs if req.include and "message.output_text.logprobs" in req.include else None
     fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
-    params = sampling(fields, limit, state.tokenizer.vocab_size, logprobs, grammar)
+    params = sampling(fields, limit, logprobs, grammar)
     partition = request_partition(request, req.cache_salt)
     gen = Generation(state, API, request, p.prompt, params, f"resp_{uuid.uuid4().hex[:24]}", cache_salt=partition,
                      fields=FIELDS)
