@@ -6,7 +6,7 @@ import importlib
 
 from hafiza.cli import bench_app
 
-BENCH_MODULES = ("cache", "engine_benches", "grammar", "quality", "serve", "tiers", "suite", "weights",
+BENCH_MODULES = ("cache", "capacity", "engine_benches", "grammar", "quality", "serve", "tiers", "suite", "weights",
                  "weights_quality", "weight_kernels")
 
 for _name in BENCH_MODULES:
