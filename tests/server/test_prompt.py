@@ -198,9 +198,9 @@ def test_the_injected_system_turn_is_not_a_turn(default_model: LoadedModel) -> N
 def test_prompt_size_limit_states_the_numbers(default_model: LoadedModel) -> None:
     tok = default_model.tokenizer
     conv = conversations("x" * 500)[1]
-    with pytest.raises(ApiError, match=r"the messages hold 500 characters of text; the limit is 100 "):
+    with pytest.raises(ApiError, match=r"the messages hold 500 characters of text; the limit is 100$"):
         build_prompt(tok, conv, max_chars=100)
-    with pytest.raises(ApiError, match=r"the rendered prompt is \d+ characters; the limit is 520 "):
+    with pytest.raises(ApiError, match=r"the rendered prompt is \d+ characters; the limit is 520$"):
         build_prompt(tok, conv, max_chars=520)
     assert len(build_prompt(tok, conv, max_chars=10_000).ids) > 0
 

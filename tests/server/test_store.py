@@ -22,8 +22,8 @@ from tests.support.serve import run_cli
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--store-codec", "gzip"], "--store-codec: unknown codec 'gzip': choose one of raw, zstd, planes, exponent, "
-                                "predictive"),
+    (["--store-codec", "gzip"], "--store-codec: unknown codec 'gzip': choose one of raw, zstd, fast, planes, "
+                                "exponent, predictive, speculative"),
     (["--store-disk", "/tmp/x", "--store-write-back"], "--store-write-back needs --store-ram"),
     (["--store-ram", "lots"], "cannot read size 'lots'"),
     (["--store-redis", "http://h:1"], "scheme must be redis://"),
