@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from hafiza.bench.common import wait_http, write_json
+from hafiza.bench.common import redis_process, wait_http, write_json
 from hafiza.cache.hashing import chain_hashes
 from hafiza.server.launch import free_port
 from hafiza.store.codecs import check_codec
@@ -263,27 +263,8 @@ def redis_server(maxmemory: int) -> Iterator[tuple[str, redis.Redis]]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not installed (Debian package redis-server)")
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                 "--dir", workdir, "--maxmemory", str(maxmemory),
-                                 "--maxmemory-policy", "allkeys-lru"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=port)
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                with contextlib.suppress(redis.ConnectionError):
-                    if client.ping():
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}/0?ttl=0", client
-        finally:
-            client.close()
-            proc.terminate()
-            proc.wait(10)
+    with redis_process(exe, "--maxmemory", str(maxmemory), "--maxmemory-policy", "allkeys-lru") as (port, client):
+        yield f"redis://127.0.0.1:{port}/0?ttl=0", client
 
 
 def redis_hashes(client: redis.Redis) -> tuple[set[str], tuple[str, str, int] | None]:

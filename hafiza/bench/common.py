@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 import torch
 
 RESULTS_DIR = Path("bench/results")
@@ -57,3 +61,30 @@ def wait_http(proc: subprocess.Popen, url: str, name: str, timeout_s: float = 60
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{name} did not answer within {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def redis_process(exe: str, *options: str) -> Iterator[tuple[int, redis.Redis]]:
+    """A throw-away redis-server (no persistence) on a free loopback port with extra `options`, once it answers
+    PING: its port and a client, both closed after."""
+    from hafiza.server.launch import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                 "--dir", workdir, *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=port)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                with contextlib.suppress(redis.ConnectionError):
+                    if client.ping():
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.02)
+            yield port, client
+        finally:
+            client.close()
+            proc.terminate()
+            proc.wait(10)

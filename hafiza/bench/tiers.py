@@ -14,20 +14,18 @@ from __future__ import annotations
 import contextlib
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-import redis
 import torch
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from hafiza.bench.common import write_json
+from hafiza.bench.common import redis_process, write_json
 from hafiza.cache.hashing import chain_hashes
 from hafiza.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from hafiza.engine.connector import TierOutcome
@@ -86,27 +84,8 @@ def local_redis(url: str | None) -> Iterator[str | None]:
     if url is not None or exe is None:
         yield url
         return
-    from hafiza.server.launch import free_port
-
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                 "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            client = redis.Redis(port=port)
-            deadline = time.monotonic() + 10
-            while True:
-                with contextlib.suppress(redis.ConnectionError):
-                    if client.ping():
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.02)
-            client.close()
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with redis_process(exe) as (port, _):
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def codec_table(engine: LLMEngine, ids: list[int], codecs: list[str]) -> list[dict[str, Any]]:
