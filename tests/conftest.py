@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from hafiza.models import LoadedModel, load_model
 from tests.support.models import make_tiny_model_dir
+from tests.support.redis_server import RedisServer, redis_available
 
 # Deterministic under load: no per-example deadline and no too-slow health check (a busy CI core makes both fail
 # at random), and the same examples on every run (derandomize; no example database carried between runs).
@@ -36,3 +38,13 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory, default_model: LoadedMod
 def tiny_llama(tiny_dirs: dict[str, Path]) -> LoadedModel:
     torch.manual_seed(0)
     return load_model(tiny_dirs["llama"], dtype="fp32", device="cpu")
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server for one test alone (to be killed and restarted)."""
+    if not redis_available():
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from hafiza.server.store_metrics import register_store_metrics
@@ -13,17 +11,7 @@ from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
 from hafiza.store.redis_store import RedisStore
 from hafiza.store.tiered import TieredStore
-from tests.support.redis_server import RedisServer, redis_available
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server for this test alone."""
-    if not redis_available():
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path).start()
-    yield server
-    server.stop()
+from tests.support.redis_server import RedisServer
 
 
 def test_metrics_per_tier(tmp_path: Path, own_redis: RedisServer) -> None:

@@ -37,16 +37,6 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server for one test alone (to be killed and restarted)."""
-    if not redis_available():
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def raw_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """A plain client on the shared server, for inspecting and damaging stored values."""
     client = redis.Redis.from_url(redis_server.url)
