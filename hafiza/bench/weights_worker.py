@@ -49,7 +49,16 @@ def prompt_ids(tokenize: Callable[[str], list[int]], n: int) -> list[int]:
 
 
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    """This process's own peak RSS. Not getrusage's ru_maxrss: Linux carries it across fork and exec, so a worker
+    started by a parent that had touched its 1 GiB bandwidth buffer reported the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux; macOS has no /proc
 
 
 def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict[str, Any]:
