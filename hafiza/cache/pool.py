@@ -13,6 +13,7 @@ from hafiza.cache.formats.fp8 import Fp8KV
 from hafiza.cache.formats.full import FullPrecisionKV
 from hafiza.cache.formats.int4 import Int4KV
 from hafiza.cache.formats.int8 import Int8KV
+from hafiza.cache.formats.native import NativeBlocks, PartSpec
 from hafiza.cache.layout import KVLayout, check_kv_dtype
 
 if TYPE_CHECKING:
@@ -29,7 +30,14 @@ class KVPool(Protocol):
     - `gather(layer, block_tables)` returns the blocks of `block_tables` [B, n] as contiguous K, V
       [B, n * block_size, Hkv, d] in `layout.compute_dtype`: the values attention must use.
     - `read_blocks(ids)` copies whole blocks out to the CPU as [layers, 2, n, block_size, Hkv, d] in
-      `block_dtype`; `write_blocks(ids, data)` is its inverse (tier promotion, swap-in).
+      `block_dtype`; `write_blocks(ids, data)` is its inverse (swap-in). For a quantised format it
+      re-quantises, so it is lossy: what a tier keeps goes through the native form instead.
+    - `read_native(ids)` copies whole blocks out as stored (`NativeBlocks`: codes in the storage dtype, fp8
+      e4m3 / int8 / int4 packed two per byte, plus their scales and zeros; full precision: the blocks
+      themselves); `write_native(ids, native)` stores exactly those bytes. Round trip: after
+      `write_native(ids, n)`, `read_native(ids)` equals `n` bit for bit and `gather` returns the values the
+      source pool's `gather` returned for those blocks (int4: a block still staged in full precision is
+      read out sealed, as aging out would seal it). `native_spec()` gives each part's shape and dtype.
     - `bytes_per_token` / `bytes_per_block` are the stored bytes (payload and scales, all layers, K and V);
       `fixed_bytes` is what the pool holds whatever its number of blocks.
     """
@@ -64,6 +72,12 @@ class KVPool(Protocol):
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
 
     def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None: ...
+
+    def native_spec(self) -> PartSpec: ...
+
+    def read_native(self, block_ids: list[int]) -> NativeBlocks: ...
+
+    def write_native(self, block_ids: list[int], native: NativeBlocks) -> None: ...
 
 
 FORMATS: dict[str, type[PoolFormat]] = {

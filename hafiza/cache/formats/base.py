@@ -9,6 +9,7 @@ from typing import ClassVar
 import torch
 
 from hafiza.cache.errors import KVDtypeError, NonFiniteKVError
+from hafiza.cache.formats.native import NativeBlocks, PartSpec, check_native
 from hafiza.cache.layout import KVLayout
 
 
@@ -16,7 +17,8 @@ class PoolFormat(ABC):
     """A paged KV pool storing K/V as `layout.kv_dtype` and handing them back in `layout.compute_dtype`.
 
     A format implements `_write` (tokens into slots), `_blocks` (whole blocks out, in `block_dtype`),
-    `_store_blocks` (whole blocks in) and `payload_bytes_per_token` (its size). Quantised formats
+    `_store_blocks` (whole blocks in), `_native` / `_store_native` / `native_spec` (whole blocks as stored,
+    see NativeBlocks) and `payload_bytes_per_token` (its size). Quantised formats
     (`refuses_nonfinite`) refuse inf/NaN: they are noted per layer without a host sync and raised once per
     forward step, when the last layer writes (at once in `write_blocks`): one cheap reduction per write, one
     device sync per step.
@@ -108,6 +110,42 @@ class PoolFormat(ABC):
         data = data.to(self.device)
         for i in range(self.layout.num_layers):
             self._store_blocks(i, idx, data[i, 0], data[i, 1])
+
+    def read_native(self, block_ids: list[int]) -> NativeBlocks:
+        """Whole blocks in their stored form (codes and scales), on the CPU: what tiers keep of a quantised
+        pool. `write_native` of the result stores the same bytes, so `gather` gives the same values."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        per_layer = [self._native(i, idx) for i in range(self.layout.num_layers)]
+        parts = {name: torch.stack([p[name] for p in per_layer]).cpu() for name in per_layer[0]}
+        codes = parts.pop("codes")
+        return NativeBlocks(self.kv_dtype, codes, parts)
+
+    def write_native(self, block_ids: list[int], native: NativeBlocks) -> None:
+        """Inverse of read_native: store the blocks' codes and scales as they are (no re-quantisation)."""
+        check_native(native, self.kv_dtype, self.layout.num_layers, self.native_spec(), len(block_ids))
+        if self.refuses_nonfinite:
+            parts = [native.codes, *native.scales.values()] if native.codes.is_floating_point() \
+                else list(native.scales.values())
+            if not all(bool(torch.isfinite(t.float()).all()) for t in parts):
+                raise NonFiniteKVError(f"{self.kv_dtype} KV cache: write_native got inf or NaN codes or scales; "
+                                       "not stored")
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        for i in range(self.layout.num_layers):
+            layer = {"codes": native.codes[i].to(self.device)}
+            layer |= {name: t[i].to(self.device) for name, t in native.scales.items()}
+            self._store_native(i, idx, layer)
+
+    @abstractmethod
+    def native_spec(self) -> PartSpec:
+        """Per layer and block, each native part's shape and dtype ("codes" without its K/V axis)."""
+
+    @abstractmethod
+    def _native(self, layer: int, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Blocks `idx` of one layer as stored: "codes" [2, n, bs, Hkv, c] and each scale [n, ...]."""
+
+    @abstractmethod
+    def _store_native(self, layer: int, idx: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        """Store what `_native` returned for blocks `idx` of one layer."""
 
     @abstractmethod
     def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

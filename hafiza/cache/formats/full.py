@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from hafiza.cache.formats.base import PoolFormat
+from hafiza.cache.formats.native import PartSpec
 from hafiza.cache.layout import FULL_DTYPES, KVLayout
 from hafiza.cache.memory import kv_bytes_per_token
 
@@ -45,3 +46,13 @@ class FullPrecisionKV(PoolFormat):
     def _store_blocks(self, layer: int, idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer][idx] = k.to(self.storage_dtype)
         self.v[layer][idx] = v.to(self.storage_dtype)
+
+    def native_spec(self) -> PartSpec:
+        lay = self.layout
+        return {"codes": ((lay.block_size, lay.num_kv_heads, lay.head_dim), self.storage_dtype)}
+
+    def _native(self, layer: int, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"codes": torch.stack(self._blocks(layer, idx))}
+
+    def _store_native(self, layer: int, idx: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        self.k[layer][idx], self.v[layer][idx] = parts["codes"][0], parts["codes"][1]

@@ -13,6 +13,7 @@ from hafiza.cache.codes import (
 )
 from hafiza.cache.errors import KVDtypeError
 from hafiza.cache.formats.base import PoolFormat
+from hafiza.cache.formats.native import PartSpec
 from hafiza.cache.layout import KVLayout
 from hafiza.cache.memory import kv_bytes_per_token
 
@@ -180,3 +181,32 @@ class Int4KV(PoolFormat):
         self.stage_of[layer][idx] = -1
         self.rows[layer][idx] = True
         self._seal(layer, ids, k, v)
+
+    def native_spec(self) -> PartSpec:
+        bs, h, d = self.layout.block_size, self.layout.num_kv_heads, self.layout.head_dim
+        ng, f16 = d // self.group, torch.float16
+        return {"codes": ((bs, h, d // 2), torch.uint8), "k_scale": ((h, d), f16), "k_zero": ((h, d), f16),
+                "v_scale": ((bs, h, ng), f16), "v_zero": ((bs, h, ng), f16)}
+
+    def _native(self, layer: int, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Sealed blocks as stored; a block still in the staging area is sealed into a copy exactly as aging
+        out would seal it (the pool keeps it staged), so a loader stores what this pool will hold."""
+        kq, ks, kz = self.kq[layer][idx], self.kscale[layer][idx], self.kzero[layer][idx]
+        vq, vs, vz = self.vq[layer][idx], self.vscale[layer][idx], self.vzero[layer][idx]
+        st = self.stage_of[layer][idx]
+        sel = (st >= 0).nonzero().flatten()
+        if len(sel):
+            slots = st[sel]
+            kq[sel], ks[sel], kz[sel] = int4_keys_quantize(self.sk[layer][slots], self.rows[layer][idx[sel]])
+            vq[sel], vs[sel], vz[sel] = int4_values_quantize(self.sv[layer][slots], self.group)
+        return {"codes": torch.stack([kq, vq]), "k_scale": ks, "k_zero": kz, "v_scale": vs, "v_zero": vz}
+
+    def _store_native(self, layer: int, idx: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        for b in idx.tolist():
+            self._slot_of[layer].pop(b, None)
+            self._use[layer].pop(b, None)
+        self.stage_of[layer][idx] = -1
+        self.rows[layer][idx] = True
+        self.kq[layer][idx], self.vq[layer][idx] = parts["codes"][0], parts["codes"][1]
+        self.kscale[layer][idx], self.kzero[layer][idx] = parts["k_scale"], parts["k_zero"]
+        self.vscale[layer][idx], self.vzero[layer][idx] = parts["v_scale"], parts["v_zero"]
