@@ -1,6 +1,7 @@
 """StoreConnector: the engine's KVConnector over a TieredStore (RAM → disk → Redis), one codec per tier.
 
-- `save` (engine thread): copy the full block out of the pool and hand it to the store's one background
+- `save` (engine thread): copy the full block out of the pool in its native form (`read_native`: a
+  quantised pool's codes and scales, never dequantised; see store/native.py) and hand it to the store's one background
   pipeline (`TieredStore.put_async`) with a function that, on the store's writer thread, skips tiers that
   already hold the key and encodes the block with each remaining tier's codec (once per codec). The engine
   thread never waits on a codec or on I/O; a full queue drops the save (counted).
@@ -27,15 +28,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
+from hafiza.cache.formats.native import NativeBlocks, block_nbytes, stack
 from hafiza.codec.coders.fast import warm_up
 from hafiza.codec.errors import PredictionMismatchError
 from hafiza.engine.connector import KVConnector, TierHit, TierLoad
 from hafiza.errors import ConfigError
-from hafiza.store.codecs import DEFAULT_STORE_CODEC, TOKEN_CODECS, check_codec, decode_block, encode_block
+from hafiza.store.codecs import DEFAULT_STORE_CODEC, TOKEN_CODECS, check_codec
 from hafiza.store.keys import block_key
 from hafiza.store.logs import store_log
+from hafiza.store.native import check_predictable, decode_native, encode_native
 from hafiza.store.redis_store import DEFAULT_TTL_S
 from hafiza.store.speculative import BlockPredictor, BlockwiseKV
 from hafiza.store.tiered import TieredStore
@@ -102,8 +103,6 @@ class StoreConnector(KVConnector):
         *,
         model_fingerprint: str,
         kv_dtype: str,
-        block_shape: tuple[int, int, int, int],
-        torch_dtype: torch.dtype,
         codec: str = DEFAULT_STORE_CODEC,
         tier_codecs: dict[str, str] | None = None,
         default_ttl_s: float | None = DEFAULT_TTL_S,
@@ -111,7 +110,7 @@ class StoreConnector(KVConnector):
         block_tokens: BlockTokens | None = None,
         target: LlamaModel | None = None,
     ) -> None:
-        """`block_shape` is (layers, block_size, kv_heads, head_dim); `codec` is every tier's codec unless
+        """Blocks are stored in the pool's native form (`pool.native_spec()`); `codec` is every tier's codec unless
         `tier_codecs` names another for a tier (by tier name). `pin_ttl(block_id)` gives the TTL of a block under
         an API cache breakpoint (None when unpinned); `block_tokens(block_id)` the prompt tokens up to the end of
         a running block, and `target` the model whose cheaper rerun predicts K/V (both needed by `speculative`)."""
@@ -128,11 +127,14 @@ class StoreConnector(KVConnector):
             given = ", ".join(f"{n}={c}" for n, c in zip(store.names, self.codecs, strict=True))
             raise ConfigError(f"write-back needs one codec for every tier, got {given} (an entry leaving RAM is "
                               "written down as it is)", setting="store_write_back")
+        if kv_dtype != pool.kv_dtype:
+            raise ConfigError(f"the store keys blocks as {kv_dtype} KV but the pool stores {pool.kv_dtype}",
+                              setting="kv_dtype")
+        check_predictable(kv_dtype, self.codecs)
         self.model_fingerprint, self.kv_dtype = model_fingerprint, kv_dtype
-        layers, self.block_size, heads, dim = block_shape
-        self.shape = (layers, 2, self.block_size, heads, dim)
-        self.torch_dtype = torch_dtype
-        self.raw_block_bytes = 2 * layers * self.block_size * heads * dim * torch.finfo(torch_dtype).bits // 8
+        self.num_layers, self.block_size = pool.layout.num_layers, pool.block_size
+        self.spec = pool.native_spec()
+        self.raw_block_bytes = block_nbytes(self.spec, self.num_layers)
         self.default_ttl_s = default_ttl_s
         self.pin_ttl = pin_ttl
         self.block_tokens = block_tokens
@@ -155,16 +157,14 @@ class StoreConnector(KVConnector):
         cls, engine: LLMEngine, store: TieredStore, *, codec: str = DEFAULT_STORE_CODEC,
         tier_codecs: dict[str, str] | None = None, default_ttl_s: float | None = DEFAULT_TTL_S,
     ) -> StoreConnector:
-        """A connector for `engine`'s pool, model fingerprint, KV dtype, block size and cache pins. The stored
-        block's shape and dtype are whatever the pool's `read_blocks` gives (the storage dtype of a
-        full-precision pool, e.g. bf16 under fp32 compute)."""
+        """A connector for `engine`'s pool, model fingerprint, KV dtype, block size and cache pins. Stored blocks
+        are the pool's native form: the storage dtype of a full-precision pool (e.g. bf16 under fp32 compute),
+        a quantised pool's codes and scales."""
         model_fp, kv_dtype, block_size = engine.extra_keys
-        probe = engine.kv.read_blocks([0])
-        layers, _, _, probe_bs, heads, dim = probe.shape
-        assert probe_bs == block_size, f"pool blocks hold {probe_bs} tokens, the engine says {block_size}"
+        assert engine.kv.block_size == block_size, f"pool blocks hold {engine.kv.block_size} tokens, the engine " \
+            f"says {block_size}"
         return cls(
             store, engine.kv, model_fingerprint=model_fp, kv_dtype=kv_dtype,
-            block_shape=(layers, block_size, heads, dim), torch_dtype=probe.dtype,
             codec=codec, tier_codecs=tier_codecs, default_ttl_s=default_ttl_s, pin_ttl=engine_pin_ttl(engine),
             block_tokens=engine_block_tokens(engine), target=engine.runner.model,
         )  # fmt: skip
@@ -194,13 +194,13 @@ class StoreConnector(KVConnector):
             return
         self.stats.saves += 1
         try:
-            block = self.pool.read_blocks([block_id])[:, :, 0]
+            block = self.pool.read_native([block_id])
             tokens = self.block_tokens(block_id) if self.predictor is not None and self.block_tokens else None
         except Exception:
             store_log.error(f"connector {id(self)} copy", "store: cannot copy block %d out of the pool; not saved",
                             block_id, exc_info=True)  # fmt: skip
             return
-        nbytes = block.numel() * block.element_size()
+        nbytes = block.nbytes
         if not self.store.put_async(block_hash, self._encoder(block_hash, block, tokens), self._ttl(block_id),
                                     raw_nbytes=nbytes):
             self.stats.saves_dropped += 1
@@ -212,7 +212,7 @@ class StoreConnector(KVConnector):
         pinned = self.pin_ttl(block_id) if self.pin_ttl is not None else None
         return max(self.default_ttl_s, pinned or 0.0)
 
-    def _encoder(self, block_hash: str, block: torch.Tensor, tokens: list[int] | None, skip_present: bool = True
+    def _encoder(self, block_hash: str, block: NativeBlocks, tokens: list[int] | None, skip_present: bool = True
                  ) -> Callable[[int], bytes | None]:
         """Tier j's bytes for a block, on the pipeline thread: None when the tier holds it already (or it cannot
         be coded for that tier); each codec encodes once."""
@@ -232,11 +232,11 @@ class StoreConnector(KVConnector):
 
         return value_for
 
-    def _encode(self, block_hash: str, block: torch.Tensor, codec: str, tokens: list[int] | None) -> bytes | None:
+    def _encode(self, block_hash: str, block: NativeBlocks, codec: str, tokens: list[int] | None) -> bytes | None:
         try:
             if codec in TOKEN_CODECS and not tokens:
                 raise ValueError("the block's tokens are unknown (its sequence is no longer running)")
-            blob = encode_block(block, codec, tokens, self.predictor)
+            blob = encode_native(block, codec, tokens, self.predictor)
         except Exception:
             with self._lock:
                 self.stats.encode_errors += 1
@@ -299,7 +299,7 @@ class StoreConnector(KVConnector):
         tokens = list(hit.token_ids) if isinstance(hit, StoreHit) else []
         first = hit.first_block if isinstance(hit, StoreHit) else 0
         self.stats.loads += 1
-        blocks: list[torch.Tensor] = []
+        blocks: list[NativeBlocks] = []
         note = ""
         try:
             fetched = self.store.load(names)
@@ -308,7 +308,7 @@ class StoreConnector(KVConnector):
                 prefix = tokens[: (first + i + 1) * self.block_size] if codec in TOKEN_CODECS else None
                 t0, p0 = time.perf_counter(), self._thread_predict_s()
                 try:
-                    block = decode_block(value, self.shape, self.torch_dtype, prefix, self.predictor)
+                    block = decode_native(value, self.kv_dtype, self.num_layers, self.spec, prefix, self.predictor)
                 except Exception as exc:
                     note = self._decode_failed(name, j, exc)
                     break
@@ -320,7 +320,7 @@ class StoreConnector(KVConnector):
                     self.store.put_async(name, self._promoter(name, value, j, block, prefix), None,
                                          raw_nbytes=self.raw_block_bytes, targets=range(j))
             if blocks:
-                self.pool.write_blocks(list(block_ids[: len(blocks)]), torch.stack(blocks, dim=2))
+                self.pool.write_native(list(block_ids[: len(blocks)]), stack(blocks))
         except Exception:
             store_log.error(f"connector {id(self)} load", "store: loading %d blocks failed; recomputing them",
                             len(names), exc_info=True)  # fmt: skip
@@ -332,7 +332,7 @@ class StoreConnector(KVConnector):
             note = f"only {n} of {len(names)} blocks arrived intact, the rest were recomputed{why}"
         return TierLoad(tuple(hit.sources[:n]), note)
 
-    def _promoter(self, name: str, value: bytes, source: int, block: torch.Tensor, tokens: list[int] | None
+    def _promoter(self, name: str, value: bytes, source: int, block: NativeBlocks, tokens: list[int] | None
                   ) -> Callable[[int], bytes | None]:
         """A hit's bytes for a faster tier: the same bytes where the codec is the source's, else re-encoded."""
         encode = self._encoder(name, block, tokens, skip_present=False)

@@ -4,6 +4,7 @@ block bit-exact across tiers and instances and costs 1 byte (fp8, int8) or half 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +61,14 @@ def stack(blocks: list[NativeBlocks]) -> NativeBlocks:
         raise KVDtypeError("native blocks of different kv_dtypes or parts cannot be stacked")
     return NativeBlocks(first.kv_dtype, torch.cat([b.codes for b in blocks], dim=2),
                         {n: torch.cat([b.scales[n] for b in blocks], dim=1) for n in first.scales})
+
+
+def block_nbytes(spec: PartSpec, num_layers: int) -> int:
+    """Bytes of one block's native parts (codes for K and V, every scale) over `num_layers` layers."""
+    total = 0
+    for name, (shape, dtype) in spec.items():
+        total += (2 if name == "codes" else 1) * num_layers * math.prod(shape) * dtype.itemsize
+    return total
 
 
 def check_native(native: NativeBlocks, kv_dtype: str, num_layers: int, spec: PartSpec, n: int) -> None:
