@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.bench.common import write_json
+from hafiza.bench.weights_worker import weights_label
 from hafiza.cli.options import Weights
 from hafiza.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from hafiza.models import LoadedModel, load_model
@@ -86,7 +87,7 @@ def bench_batch(loaded: LoadedModel, streams: list[int], new_tokens: int) -> dic
     base = results[0]["tokens_per_s"]
     for r in results:
         r["speedup_vs_1"] = r["tokens_per_s"] / base
-    return {"new_tokens": new_tokens, "results": results}
+    return {"new_tokens": new_tokens, "weights": weights_label(loaded), "results": results}
 
 
 def bench_memory(loaded: LoadedModel, requests: int, max_len: int, seed: int) -> dict[str, Any]:
@@ -156,7 +157,8 @@ def register(bench_app: typer.Typer) -> None:
         data = bench_batch(load_model(model, dtype=dtype, device=device, weights=weights),
                            [int(s) for s in streams.split(",")],
                            new_tokens)
-        _table("Continuous batching", ["streams", "tokens", "seconds", "tok/s", "vs 1 stream"],
+        _table(f"Continuous batching, weights {data['weights']}",
+               ["streams", "tokens", "seconds", "tok/s", "vs 1 stream"],
                [[str(r["streams"]), str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.1f}",
                  f"{r['speedup_vs_1']:.1f}x"] for r in data["results"]])
         print(f"wrote {write_json(data, json_path, 'batch.json')}")

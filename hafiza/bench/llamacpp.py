@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +30,7 @@ import typer
 from hafiza.bench import serve as serve_bench
 from hafiza.bench.common import wait_http, write_json
 from hafiza.bench.llama_peer import llama_generate, llama_import, llama_ttft, open_llama
+from hafiza.cli.options import Weights
 from hafiza.threads import user_environment
 
 NEW_TOKENS = 64
@@ -165,9 +166,8 @@ def bench_servers(model: Path, cfg: serve_bench.Config, kinds: list[str], binary
 
     rows = []
     try:
-        res = serve_bench.run_bench(serve_bench.Config(cfg.sessions, cfg.turns, cfg.max_tokens, cfg.system_words,
-                                                       cfg.user_words, api="openai"))
-        rows.append({"system": "hafiza serve (OpenAI API)", "slots": None,
+        res = serve_bench.run_bench(replace(cfg, api="openai"))
+        rows.append({"system": "hafiza serve (OpenAI API)", "slots": None, "weights": cfg.weights,
                      **{k: v for k, v in res.items() if k != "turns"}})
     except Exception as exc:
         rows.append({"system": "hafiza serve (OpenAI API)", "error": _short(exc)})
@@ -197,19 +197,22 @@ def _short(exc: Exception) -> str:
 
 def run(model: str | None, contexts: list[int], repeats: int, system_tokens: int, cfg: serve_bench.Config,
         servers: str, binary: str | None, slots: int, log_dir: Path) -> dict[str, Any]:
-    """Every part; each part that fails records its error instead of figures."""
+    """Every part; each part that fails records its error instead of figures. hafiza's in-process parts and its
+    server both use `cfg.weights`."""
     import torch
 
+    from hafiza.bench.weights_worker import weights_label
     from hafiza.models import load_model
 
     llama_cpp, reason = llama_import()
     if llama_cpp is None:
         return {"available": False, "reason": reason}
-    loaded = load_model(model, dtype="fp32", device="cpu")
+    loaded = load_model(model, dtype="fp32", device="cpu", weights=cfg.weights)
     threads = torch.get_num_threads()
     data: dict[str, Any] = {
         "available": True, "version": llama_cpp.__version__, "model": loaded.path.name, "threads": threads,
-        "new_tokens": NEW_TOKENS, "hafiza_dtype": "fp32", "load_average_start": os.getloadavg()[0],
+        "new_tokens": NEW_TOKENS, "hafiza_dtype": "fp32", "hafiza_weights": weights_label(loaded),
+        "load_average_start": os.getloadavg()[0],
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()}
     try:
@@ -251,17 +254,20 @@ def register(bench_app: typer.Typer) -> None:
         llama_server: Annotated[str | None, typer.Option(help="Path of a llama-server binary.")] = None,
         slots: Annotated[int | None, typer.Option(help="llama-server parallel slots (default: --sessions).")
                          ] = None,
+        weights: Weights = "auto",
     ) -> None:
         """llama.cpp on the same GGUF, interleaved with hafiza: decode, prefill, prompt cache, server under load."""
         from rich.console import Console
 
         from hafiza.errors import HafizaError
+        from hafiza.models.weights import check_weights_mode
 
+        check_weights_mode(weights)
         if servers not in ("auto", "binary", "python", "both", "none"):
             raise HafizaError(f"--servers must be auto, binary, python, both or none, got {servers!r}")
         if min(repeats, sessions, turns, max_tokens, system_words, system_tokens) < 1:
             raise HafizaError("--repeats, --sessions, --turns, --max-tokens and the prompt sizes must be positive")
-        cfg = serve_bench.Config(sessions, turns, max_tokens, system_words, api="openai")
+        cfg = serve_bench.Config(sessions, turns, max_tokens, system_words, api="openai", weights=weights)
         out = Path(json_path) if json_path else Path("bench/results/llamacpp.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         data = run(model, [int(c) for c in contexts.split(",")], repeats, system_tokens, cfg, servers,

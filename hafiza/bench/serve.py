@@ -24,6 +24,7 @@ import httpx
 import typer
 
 from hafiza.bench.common import machine, wait_http, write_json
+from hafiza.cli.options import Weights
 
 WORDS = ["cache", "memory", "block", "prefix", "token", "engine", "attention", "layer", "value", "key", "model",
          "server", "request", "stream", "batch", "queue", "latency", "budget", "store", "tier", "disk", "redis", "ram",
@@ -53,6 +54,7 @@ class Config:
     user_words: int = 24
     api: str = "anthropic"
     server_args: list[str] = field(default_factory=list)
+    weights: str = "auto"  # the server's --weights
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -191,17 +193,23 @@ def summarize(turns: list[Turn], wall: float) -> dict[str, Any]:
     }
 
 
+def server_command(cfg: Config, port: int) -> list[str]:
+    """How the benchmark starts `hafiza serve`: its port, `--weights`, then the extra arguments."""
+    return [sys.executable, "-m", "hafiza", "serve", "--port", str(port), "--log-level", "warning", "--weights",
+            cfg.weights, *cfg.server_args]
+
+
 def run_bench(cfg: Config) -> dict[str, Any]:
-    """Start a server, run the sessions against it, stop it; returns the figures."""
+    """Start a server, run the sessions against it, stop it; returns the figures and the server's command."""
     from hafiza.server.launch import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "hafiza", "serve", "--port", str(port), "--log-level", "warning", *cfg.server_args]
+    cmd = server_command(cfg, port)
     proc = subprocess.Popen(cmd)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(proc, f"{url}/health", "hafiza serve")
-        return asyncio.run(_run(url, cfg))
+        return {**asyncio.run(_run(url, cfg)), "command": " ".join(["hafiza", *cmd[3:]])}
     finally:
         proc.terminate()
         proc.wait(60)
@@ -219,6 +227,7 @@ def register(bench_app: typer.Typer) -> None:
                                 ] = 1100,
         api: Annotated[str, typer.Option(help="anthropic or openai.")] = "anthropic",
         model: Annotated[str | None, typer.Option(help="Model for the server (default: SmolLM2-135M).")] = None,
+        weights: Weights = "auto",
         server_arg: Annotated[list[str] | None, typer.Option(help="Extra `hafiza serve` argument (repeatable).")
                               ] = None,
         json_path: Annotated[Path | None, typer.Option("--json", help="Where to write the JSON results.")] = None,
@@ -228,15 +237,17 @@ def register(bench_app: typer.Typer) -> None:
         from rich.table import Table
 
         from hafiza.errors import HafizaError
+        from hafiza.models.weights import check_weights_mode
 
+        check_weights_mode(weights)
         if api not in ("anthropic", "openai"):
             raise HafizaError(f"--api must be anthropic or openai, got {api!r}")
         if min(sessions, turns, system_words) < 1 or max_tokens < 1:
             raise HafizaError("--sessions, --turns, --system-words and --max-tokens must be positive")
         args = [*(["--model", model] if model else []), *(server_arg or [])]
-        cfg = Config(sessions, turns, max_tokens, system_words, api=api, server_args=args)
+        cfg = Config(sessions, turns, max_tokens, system_words, api=api, server_args=args, weights=weights)
         res = run_bench(cfg)
-        table = Table(title=f"hafiza bench serve: {sessions} sessions x {turns} turns ({api} API)")
+        table = Table(title=f"hafiza bench serve: {sessions} sessions x {turns} turns ({api} API, --weights {weights})")
         table.add_column("")
         table.add_column("value", justify="right")
         rows = [

@@ -174,7 +174,8 @@ def render_batch(data: dict[str, Any], ctx: Context) -> str:
         ax.set_title(f"Continuous batching, {data['new_tokens']} tokens per stream", fontsize=9)
 
     _plot(ctx.docs / "bench_batch.png", draw, (5.0, 3.2))
-    return (table(["streams", "tokens", "seconds", "tok/s", "vs 1 stream"], rows)
+    weights = f"Weights: {data['weights']}.\n\n" if data.get("weights") else ""
+    return (weights + table(["streams", "tokens", "seconds", "tok/s", "vs 1 stream"], rows)
             + ctx.image("bench_batch.png", "aggregate tokens per second by number of streams"))
 
 
@@ -220,6 +221,8 @@ def render_serve(data: dict[str, Any], ctx: Context) -> str:
     text = (f"{cfg['sessions']} concurrent chat sessions × {cfg['turns']} turns over HTTP with streaming, a shared "
             f"system prompt of {cfg['system_words']} words, {cfg['max_tokens']}-token greedy replies; "
             f"TTFT measured by the client to the first text.")
+    if cfg.get("weights"):
+        text += f" hafiza serve ran with `--weights {cfg['weights']}`."
     if server.get("config"):
         sc = server["config"]
         text += (f" The llama.cpp rows ran the same load generator with {sc['sessions']} sessions × {sc['turns']} "
@@ -304,8 +307,10 @@ def render_quality(data: dict[str, Any], ctx: Context) -> str:
 def render_llamacpp(data: dict[str, Any], ctx: Context) -> str:
     if not data.get("available"):
         return f"**llama.cpp could not be measured**: {data.get('reason', 'unknown')}."
+    hafiza_weights = (f"weights {data['hafiza_weights']}" if data.get("hafiza_weights") else
+                      f"them dequantised to {data.get('hafiza_dtype', 'fp32')}")
     parts = [f"llama-cpp-python {data['version']} on `{data['model']}` (the same GGUF hafiza loads; llama.cpp "
-             f"computes with its Q4_1 weights, hafiza with them dequantised to {data.get('hafiza_dtype', 'fp32')}), "
+             f"computes with its Q4_1 weights, hafiza with {hafiza_weights}), "
              f"{data['threads']} threads each, runs interleaved. llama.cpp CPU features: `{data['system_info']}`. "
              f"Load average {_num(data.get('load_average_start'), '.1f')} at the start, "
              f"{_num(data.get('load_average_end'), '.1f')} at the end; OMP_WAIT_POLICY "

@@ -226,20 +226,21 @@ def register(bench_app: typer.Typer) -> None:
         data = run(names, chosen, weights, prefill, new_tokens, repeats, 256 if quick else 1024,
                    600.0 if quick else 1800.0)
         if sessions:
-            data["server"] = server_load(sessions)
+            data["server"] = server_load(sessions, weights)
         data["quick"] = quick
         print_table(data, Console())
         print(f"wrote {write_json(data, json_path, 'weights.json')}")
 
 
-def server_load(sessions: int) -> dict[str, Any]:
-    """`bench llamacpp`'s server part on the default model: hafiza serve vs llama-server with `sessions` slots."""
+def server_load(sessions: int, weights: str) -> dict[str, Any]:
+    """`bench llamacpp`'s server part on the default model: hafiza serve (`--weights weights`) vs llama-server with
+    `sessions` slots."""
     from hafiza.bench import llamacpp
     from hafiza.bench import serve as serve_bench
     from hafiza.models.loader import default_model_path
 
     binary = llamacpp.find_llama_server(None)
-    cfg = serve_bench.Config(sessions, 2, 32, 1100, api="openai")
+    cfg = serve_bench.Config(sessions, 2, 32, 1100, api="openai", weights=weights)
     logs = Path("bench/results")
     logs.mkdir(parents=True, exist_ok=True)
     out = llamacpp.bench_servers(default_model_path(), cfg, ["binary"] if binary else [], binary, sessions,

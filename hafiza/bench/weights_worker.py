@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hafiza.models import LoadedModel
 
 DECODE_CONTEXT = 128
 # Spins until its parent is gone (a killed worker leaves no spinner behind).
@@ -61,6 +64,12 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux; macOS has no /proc
 
 
+def weights_label(loaded: LoadedModel) -> str:
+    """The mode asked for and the formats it gave, largest first: `auto (int4+int8)`."""
+    formats = loaded.model.weights.formats()
+    return f"{loaded.weights} ({'+'.join(sorted(formats, key=lambda k: -formats[k]))})"
+
+
 def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict[str, Any]:
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
     from hafiza.models import load_model
@@ -90,9 +99,7 @@ def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict
     with spinning_core():
         busy_s = timed(decode_ids, new_tokens)[1]
     read = sum(lin.nbytes for lin in loaded.model.weights.linears())
-    formats = loaded.model.weights.formats()
-    label = f"{loaded.weights} ({'+'.join(sorted(formats, key=lambda k: -formats[k]))})"
-    return {"weights": label, "weight_formats": formats, "load_s": load_s,
+    return {"weights": weights_label(loaded), "weight_formats": loaded.model.weights.formats(), "load_s": load_s,
             "prefill_tok_s": prefill / prefill_s, "decode_tok_s": (new_tokens - 1) / decode_s,
             "busy_decode_tok_s": (new_tokens - 1) / busy_s, "bytes_read_per_token": read}
 

@@ -112,3 +112,15 @@ def test_render_only_redraws_the_last_run(tmp_path: Path) -> None:
     assert "on 2026-01-02 03:04 UTC" in region(doc, "cache") and "load average 0.1 on 2 cores" in doc
     assert "**Did not run**: exit status 1: `RuntimeError: boom`" in region(doc, "llamacpp")
     assert "`hafiza bench llamacpp` did not run or failed" in region(doc, "cache")
+
+
+def test_the_regions_name_the_weights_hafiza_ran_with(tmp_path: Path) -> None:
+    data = {n: json.loads((DATA / f"{n}.json").read_text()) for n in ("batch", "serve", "llamacpp")}
+    data["batch"]["weights"] = "fp32 (fp32)"
+    data["serve"]["config"]["weights"] = "fp32"
+    data["llamacpp"]["hafiza_weights"] = "auto (int4+int8)"
+    doc = write_docs([outcome(n, d) for n, d in data.items()], tmp_path, quick=True, invocation="x").read_text()
+    assert "Weights: fp32 (fp32)." in region(doc, "batch")
+    assert "hafiza serve ran with `--weights fp32`." in region(doc, "serve")
+    assert "hafiza with weights auto (int4+int8))" in region(doc, "llamacpp")
+    assert "dequantised" not in region(doc, "llamacpp")
