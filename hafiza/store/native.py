@@ -125,7 +125,7 @@ def decode_native(data: bytes | memoryview, kv_dtype: str, num_layers: int, spec
     if len(spec) == 1:
         codes = _decode_codes(view, code_shape, code_dtype, num_layers, token_ids, predictor, None)
         return NativeBlocks(kv_dtype, codes)
-    blobs = _split(view)
+    blobs = split_parts(view)
     if set(blobs) != set(spec):
         raise FormatError(f"stored {kv_dtype} block has parts {sorted(blobs)}, expected {sorted(spec)}")
     scales = {}
@@ -159,7 +159,8 @@ def _decode_codes(data: memoryview, shape: tuple[int, ...], dtype: torch.dtype, 
     return t.view(bs, num_layers, 2, heads, c).permute(1, 2, 0, 3, 4).unsqueeze(2).contiguous()
 
 
-def _split(view: memoryview) -> dict[str, memoryview]:
+def split_parts(view: memoryview) -> dict[str, memoryview]:
+    """A quantised block's stored bytes as its named containers; FormatError for foreign or cut framing."""
     if len(view) < _HEAD.size:
         raise FormatError("not a native KV block: too short for its header")
     magic, version, count = _HEAD.unpack_from(view, 0)

@@ -33,10 +33,10 @@ class Served:
     decision: str = ""
 
 
-def engine_with(model: LoadedModel, store: TieredStore | None, kv_memory: str = "64MiB", **connector_opts
-                ) -> tuple[LLMEngine, StoreConnector | None]:
-    """A fresh engine (own pool) with `store` attached through a StoreConnector."""
-    engine = LLMEngine(model, EngineConfig(kv_memory=kv_memory))
+def engine_with(model: LoadedModel, store: TieredStore | None, kv_memory: str = "64MiB", kv_dtype: str = "auto",
+                **connector_opts) -> tuple[LLMEngine, StoreConnector | None]:
+    """A fresh engine (own pool of `kv_dtype`) with `store` attached through a StoreConnector."""
+    engine = LLMEngine(model, EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype))
     if store is None:
         return engine, None
     connector = StoreConnector.for_engine(engine, store, **connector_opts)
@@ -60,6 +60,6 @@ def serve(engine: LLMEngine, ids: list[int], params: SamplingParams = GREEDY, pi
                   t.reason if t.decision != "none" else "")
 
 
-def cold(model: LoadedModel, ids: list[int], params: SamplingParams = GREEDY) -> list[int]:
+def cold(model: LoadedModel, ids: list[int], params: SamplingParams = GREEDY, kv_dtype: str = "auto") -> list[int]:
     """The reference: the same request on an engine with no store."""
-    return serve(engine_with(model, None)[0], ids, params).tokens
+    return serve(engine_with(model, None, kv_dtype=kv_dtype)[0], ids, params).tokens
