@@ -1,13 +1,13 @@
-"""The `speculative` store codec's predictor: a cheaper rerun of the target over a block's prefix tokens.
+"""The `speculative` store codec's predictor: a cheaper copy of the target run in one chunked pass over a prefix.
 
 Any instance that loads a block must reproduce the encoder's prediction bit for bit, whatever prefix length it
-loads. One forward over T tokens does not give that: its rows' rounding can depend on T (on this CPU the first
-320 rows of a 401-token run differ from a 320-token run). So the predictor runs block by block: each block of
-`block_size` tokens is one forward step that attends to the predicted K/V of the blocks before it. Block i's
-prediction depends only on tokens[: (i + 1) * block_size], computed by the same operations on the same shapes
-in every run. Each thread keeps its last run, so saving one prompt's blocks in order, or loading n blocks,
-costs one pass over the prefix. A prediction that still differs (another torch build or device) is caught by
-the codec's per-chunk CRC: decode raises PredictionMismatchError and the store recomputes the block.
+loads. The cheaper copy (`hafiza.codec.predictors.cheap`) is built from row-invariant kernels and reads earlier
+tokens' K/V back in the store's dtype, so block i's prediction depends only on the tokens up to the end of block i,
+whatever the pass's length or chunking (tests/store/test_speculative.py): a load of n blocks is one pass of
+`chunk`-token forwards, not n block-sized ones. Each thread keeps its last runs, so saving one prompt's blocks in
+order, or loading n blocks, costs one pass over the prefix. A prediction that still differs (another torch build
+or device) is caught by the codec's per-chunk CRC: decode raises PredictionMismatchError and the store recomputes
+the block.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hafiza.codec.container import DIGEST_BYTES
 from hafiza.codec.context import CodecContext
@@ -28,40 +26,42 @@ from hafiza.codec.errors import ContextError
 from hafiza.codec.formats import BitFormat, tensor_bits
 from hafiza.codec.layout import view_shape
 from hafiza.codec.predictors.base import BoundPredictor
-from hafiza.codec.predictors.forward import PredictorModel
+from hafiza.codec.predictors.cheap import DEFAULT_CHUNK, CheapSpec, PrefixRun, build_cheap_model
 from hafiza.codec.predictors.speculative import SpeculativePredictor, _Bound
-from hafiza.models.llama import LlamaModel, rms_norm
-from hafiza.models.rope import apply_rope
+from hafiza.models.llama import LlamaModel
 
-DEFAULT_VARIANT = "bf16-mixed"  # the codec's own default; int8 (torch._int_mm) ran ~6x slower per token on this CPU
 MAX_RUNS = 2
 
 
-@dataclass
-class _Run:
-    """One thread's last block-by-block run: its tokens and, per layer, the predicted K and V of every block."""
-
-    tokens: list[int] = field(default_factory=list)
-    k: list[list[torch.Tensor]] = field(default_factory=list)
-    v: list[list[torch.Tensor]] = field(default_factory=list)
+def default_spec(target: LlamaModel) -> CheapSpec:
+    """The predictor a target gets unless told otherwise: its weight values through fp32 GEMMs with bf16-rounded
+    inputs on a CPU (MKL's fp32 GEMM ran 1.8-2.1x faster than the int4 and int8 kernels here: docs/CODEC.md); on
+    CUDA int8 weights (half the weight bytes of bf16; not measured on a GPU here)."""
+    if target.device.type == "cpu":
+        return CheapSpec("fp32-bf16in", "fp32")
+    return CheapSpec("int8", "bf16" if target.dtype == torch.bfloat16 else "fp32")
 
 
 class BlockwiseKV:
-    """The target's weights at a cheaper precision (`PredictorModel`), run one block of tokens at a time."""
+    """Predicted K/V of a prompt's blocks from the target's cheaper copy, run over the prefix in big chunks."""
 
-    def __init__(self, target: LlamaModel, block_size: int, variant: str = DEFAULT_VARIANT,
-                 on_run: Callable[[int, float], None] | None = None) -> None:
-        """`on_run(tokens, seconds)` hears of every run (wall time), e.g. the cost model's predictor speed."""
-        self.target, self.block_size, self.variant, self.on_run = target, block_size, variant, on_run
-        self.model = PredictorModel(target, variant, 0)
+    def __init__(self, target: LlamaModel, block_size: int, spec: CheapSpec | None = None,
+                 on_run: Callable[[int, float], None] | None = None, kv_dtype: torch.dtype = torch.bfloat16,
+                 chunk: int = DEFAULT_CHUNK) -> None:
+        """`on_run(tokens, seconds)` hears of every run (wall time), e.g. the cost model's predictor speed;
+        `kv_dtype` is the stored blocks' dtype (earlier tokens' K/V are read back in it)."""
+        self.target, self.block_size, self.on_run, self.kv_dtype, self.chunk = target, block_size, on_run, \
+            kv_dtype, chunk
+        self.spec = spec or default_spec(target)
+        self.variant = self.spec.label()
+        self.model = build_cheap_model(target, self.spec)
         self._local = threading.local()
 
-    def _run(self, token_ids: list[int], upto: int) -> tuple[_Run, int]:
-        """This thread's run sharing the most leading blocks with `token_ids` (at most `upto`), and that count.
-
-        A few runs are kept per thread (least recent dropped), so interleaved saves of concurrent prompts do
-        not redo each other's prefixes."""
-        runs: list[_Run] | None = getattr(self._local, "runs", None)
+    def _run(self, token_ids: list[int], upto: int) -> tuple[PrefixRun, int]:
+        """This thread's run sharing the most leading blocks with `token_ids` (at most `upto`), cut back to them,
+        and that count. A few runs are kept per thread (least recent dropped), so interleaved saves of concurrent
+        prompts do not redo each other's prefixes."""
+        runs: list[PrefixRun] | None = getattr(self._local, "runs", None)
         if runs is None:
             runs = self._local.runs = []
         bs, best, best_same = self.block_size, None, -1
@@ -72,66 +72,33 @@ class BlockwiseKV:
             if same > best_same:
                 best, best_same = run, same
         if best is None or (best_same == 0 and len(runs) < MAX_RUNS):
-            best, best_same = _Run(k=[[] for _ in self.target.layers], v=[[] for _ in self.target.layers]), 0
+            best, best_same = PrefixRun(self.model, len(self.target.layers), self.kv_dtype), 0
             runs.append(best)
             if len(runs) > MAX_RUNS:
                 runs.pop(0)
         runs.remove(best)
         runs.append(best)
-        if best_same < len(best.tokens) // bs:
-            del best.tokens[best_same * bs :]
-            for layer in range(len(best.k)):
-                del best.k[layer][best_same:], best.v[layer][best_same:]
+        best.truncate(best_same * bs)
         return best, best_same
 
     def blocks(self, token_ids: list[int], first: int, count: int) -> list[torch.Tensor]:
         """Predicted blocks `first` … `first + count - 1` of `token_ids` (a whole number of blocks), each
-        [layers, 2, block_size, kv_heads, head_dim] in fp32."""
+        [layers, 2, block_size, kv_heads, head_dim] in the stored dtype."""
         bs = self.block_size
-        if len(token_ids) < (first + count) * bs:
+        end = (first + count) * bs
+        if len(token_ids) < end:
             raise ContextError(f"{len(token_ids)} tokens do not cover blocks {first}..{first + count - 1} of {bs}")
         run, same = self._run(token_ids, first + count)
-        start = time.perf_counter()
-        for b in range(same, first + count):
-            self._step(run, token_ids[b * bs : (b + 1) * bs])
         if first + count > same:
+            start = time.perf_counter()
+            run.extend(list(token_ids[same * bs : end]), self.chunk)
             seconds = time.perf_counter() - start
             self._local.seconds = self.thread_seconds() + seconds
             if self.on_run is not None:
-                self.on_run((first + count - same) * bs, seconds)
-        return [
-            torch.stack([torch.stack([run.k[i][b], run.v[i][b]]) for i in range(len(run.k))])
-            for b in range(first, first + count)
-        ]
-
-    @torch.inference_mode()
-    def _step(self, run: _Run, chunk: list[int]) -> None:
-        """One block forward: attend to every earlier block's predicted K/V, append this block's."""
-        m, c, pm = self.target, self.target.config, self.model
-        p0, t = len(run.tokens), len(chunk)
-        ids = torch.tensor(chunk, dtype=torch.long, device=m.device)
-        positions = torch.arange(p0, p0 + t, device=m.device)
-        cos, sin = m.rope.cos_sin(positions, p0 + t - 1)
-        mask = torch.ones(t, p0 + t, dtype=torch.bool, device=m.device).tril(diagonal=p0)
-        x = m.embed(ids).to(m.dtype)
-        for i, lw in enumerate(m.layers):
-            lin = pm.linears[i]
-            h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
-            q, k, v = lin("qkv", h).split([m.q_size, m.kv_size, m.kv_size], dim=-1)
-            q = apply_rope(q.reshape(t, c.num_heads, c.head_dim).float(), cos, sin)
-            k = apply_rope(k.reshape(t, c.num_kv_heads, c.head_dim).float(), cos, sin)
-            v = v.reshape(t, c.num_kv_heads, c.head_dim).float()
-            run.k[i].append(k)
-            run.v[i].append(v)
-            kc, vc = torch.cat(run.k[i]), torch.cat(run.v[i])
-            qh, kh, vh = (a.transpose(0, 1).unsqueeze(0) for a in (q, kc, vc))
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads)
-            attn = o[0].transpose(0, 1).reshape(t, m.q_size)
-            x = x + lin("o", attn).to(x.dtype)
-            h = rms_norm(x, lw.post_norm, c.rms_norm_eps)
-            gate, up = lin("gate_up", h).chunk(2, dim=-1)
-            x = x + lin("down", F.silu(gate) * up).to(x.dtype)
-        run.tokens.extend(chunk)
+                self.on_run(end - same * bs, seconds)
+        k, v = run.kv(first * bs, end)
+        kv = torch.stack([k, v], dim=1)  # [layers, 2, count * bs, heads, dim]
+        return [kv[:, :, b * bs : (b + 1) * bs] for b in range(count)]
 
     def thread_seconds(self) -> float:
         """Wall seconds the calling thread has spent running the predictor."""
