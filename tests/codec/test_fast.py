@@ -9,7 +9,7 @@ import torch
 
 from hafiza.codec import ChecksumError, CodecContext, decode, encode
 from hafiza.codec.coders.fast import _HEAD, SIGN_AS_IS, SIGN_CHANGE, SIGN_MAJORITY, pack_mantissas, packed_size, warm_up
-from hafiza.codec.coders.fast_kernel import join_bf16
+from hafiza.codec.coders.fast_kernel import decode_chunk
 from hafiza.codec.container import read
 from hafiza.codec.formats import FORMATS, bits_tensor, tensor_bits
 from tests.codec.helpers import same_bits
@@ -68,10 +68,11 @@ def test_mantissa_packing_roundtrips_through_the_kernel(n: int) -> None:
     m = rng.integers(0, 128, n).astype(np.uint8)
     packed = pack_mantissas(m)
     assert len(packed) == packed_size(n)
-    medians = np.full(1, 127, np.int16)
+    base = np.full(1, 127 - 64, np.uint16)  # median exponent 127
     out = np.empty((n, 1), np.uint16)
     symbols = np.frombuffer(bytes([64]) * n, np.uint8)  # exponent = median, sign 0; read-only like a decode's
-    join_bf16(symbols, np.frombuffer(packed, np.uint8), medians, SIGN_AS_IS, np.zeros(1, np.uint8), out)
+    payload = np.frombuffer(bytes(3) + packed, np.uint8)
+    decode_chunk(symbols, payload, 3, 3 + len(packed), 3 + len(packed), 0, base, SIGN_AS_IS, out)
     assert np.array_equal(out[:, 0], (127 << 7) | m.astype(np.uint16))
 
 
@@ -94,7 +95,7 @@ def test_a_damaged_mantissa_byte_fails_the_checksum() -> None:
 
 def test_warm_up_loads_the_kernel() -> None:
     warm_up()
-    assert join_bf16.signatures  # compiled (or loaded from the cache) for the decode path's argument types
+    assert decode_chunk.signatures  # compiled (or loaded from the cache) for the decode path's argument types
 
 
 def test_other_dtypes_use_the_planes_layout() -> None:

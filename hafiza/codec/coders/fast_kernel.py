@@ -1,47 +1,69 @@
-"""The `fast` coder's decode kernel: symbols and packed mantissas back to bf16 bit patterns in one compiled
-pass (numba), since a dozen numpy passes per chunk cost several times the Huffman decode itself. Imported on
-first use (numba's import takes about a second); compiled once per installation and cached on disk."""
+"""The `fast` coder's decode kernel: a chunk's payload (after its Huffman frame is decompressed) back to bf16
+bit patterns in one compiled call (numba): mantissas, signs, exponents, the majority row and the escapes.
+Per-chunk Python work and numpy passes cost as much as the Huffman decode itself, so all of it is here.
+Arrays are only ever indexed through slices and range() indices: numba checks an `a[x + k]` index for
+wrap-around, which stops LLVM from vectorising the loop (about 10x slower).
+Imported on first use (numba's import takes about a second); compiled once per installation, cached on disk."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from hafiza.codec.coders.fast import OFFSET, SIGN_CHANGE, SIGN_MAJORITY
+from hafiza.codec.coders.fast import SIGN_CHANGE, SIGN_MAJORITY
 
 
 @numba.njit(cache=True, nogil=True)
-def join_bf16(symbols: np.ndarray, packed: np.ndarray, medians: np.ndarray, mode: int, majority: np.ndarray,
-              out: np.ndarray) -> None:
-    """out [tokens, channels] (uint16) from the symbol plane (uint8, tokens * channels), the packed mantissas
-    (layout of `pack_mantissas`), the channels' median exponents (int16), the sign mode and, for
-    SIGN_MAJORITY, each channel's majority sign (uint8)."""
+def decode_chunk(symbols: np.ndarray, payload: np.ndarray, frame_end: int, mant_end: int, row_end: int,
+                 escapes: int, base: np.ndarray, mode: int, out: np.ndarray) -> int:
+    """out [tokens, channels] (uint16) from the decompressed symbol plane (uint8, tokens * channels) and the
+    payload's bytes: packed mantissas in [frame_end, mant_end) (layout of `pack_mantissas`), the majority
+    row in [mant_end, row_end) for SIGN_MAJORITY, then `escapes` positions (<u4) and patterns (<u2).
+    `base` is each channel's median exponent minus the symbol offset, mod 256 (uint16). Returns -1, or the
+    position an escape points at when that is past the chunk's values (the payload is damaged)."""
     tokens, channels = out.shape
     n = tokens * channels
     q = n // 8
+    packed = payload[frame_end:mant_end]
     mant = np.empty(n, np.uint8)
     for i in range(7 * q):
         mant[i] = packed[i] & 0x7F
+    tail = mant[7 * q :]
     for r in range(q):
-        m = 0
-        for j in range(7):
-            m |= (packed[j * q + r] >> 7) << j
-        mant[7 * q + r] = m
-    for i in range(8 * q, n):
-        mant[i] = packed[i - q]
-    state = np.zeros(channels, np.uint16)
-    base = np.empty(channels, np.uint16)
-    for c in range(channels):
-        base[c] = np.uint16((medians[c] - OFFSET) & 0xFF)
-    for t in range(tokens):
-        row = t * channels
+        tail[r] = 0
+    for j in range(7):
+        carriers = packed[j * q : (j + 1) * q]
+        for r in range(q):
+            tail[r] |= (carriers[r] >> 7) << j
+    rest = packed[7 * q :]
+    for i in range(n - 8 * q):
+        tail[q + i] = rest[i]
+    flip = np.zeros(channels, np.uint16)
+    if mode == SIGN_MAJORITY:
+        row = payload[mant_end:row_end]
         for c in range(channels):
-            a = np.uint16(symbols[row + c])
-            s = a >> 7
-            if mode == SIGN_CHANGE:
-                s ^= state[c]
+            flip[c] = (row[c // 8] >> (c % 8)) & 1
+    state = np.zeros(channels, np.uint16)
+    for t in range(tokens):
+        sym = symbols[t * channels : (t + 1) * channels]
+        mt = mant[t * channels : (t + 1) * channels]
+        o = out[t]
+        if mode == SIGN_CHANGE:
+            for c in range(channels):
+                a = np.uint16(sym[c])
+                s = (a >> 7) ^ state[c]
                 state[c] = s
-            elif mode == SIGN_MAJORITY:
-                s ^= majority[c]
-            e = ((a & 0x7F) + base[c]) & 0xFF
-            out[t, c] = (s << 15) | (e << 7) | mant[row + c]
+                o[c] = (s << 15) | ((((a & 0x7F) + base[c]) & 0xFF) << 7) | mt[c]
+        else:
+            for c in range(channels):
+                a = np.uint16(sym[c])
+                o[c] = (((a >> 7) ^ flip[c]) << 15) | ((((a & 0x7F) + base[c]) & 0xFF) << 7) | mt[c]
+    esc = payload[row_end : row_end + 6 * escapes]
+    flat = out.reshape(-1)
+    for k in range(escapes):
+        where = (np.int64(esc[4 * k]) | (np.int64(esc[4 * k + 1]) << 8) | (np.int64(esc[4 * k + 2]) << 16)
+                 | (np.int64(esc[4 * k + 3]) << 24))
+        if where >= n:
+            return where
+        flat[where] = np.uint16(esc[4 * escapes + 2 * k]) | (np.uint16(esc[4 * escapes + 2 * k + 1]) << 8)
+    return -1
