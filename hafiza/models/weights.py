@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from hafiza.errors import ConfigError
+from hafiza.models import ggml_repack as kernels
 from hafiza.models.ggml_blocks import GroupedInts
 from hafiza.models.linear import (
     INT4_GROUP,
@@ -36,6 +38,7 @@ from hafiza.models.linear import (
 
 WEIGHT_MODES = ("auto", "q4", "q8", "bf16", "fp32")
 CHUNK_VALUES = 1 << 24  # rows are read and converted ~16M values at a time
+JOB_VALUES = 1 << 21  # the compiled repacking runs ~2M values per job, jobs spread over the allowed cores
 
 _DENSE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -63,6 +66,7 @@ class Source:
     dense_dtype: torch.dtype = torch.float32
     raw: Callable[[int, int], np.ndarray] | None = None  # a GGUF tensor's own block bytes for rows a..b
     qtype: GGMLQuantizationType | None = None
+    drop: Callable[[int, int], None] | None = None  # rows a..b are repacked: their file pages may go
 
     @property
     def rows(self) -> int:
@@ -102,13 +106,91 @@ def linear_format(src: Source, mode: str) -> str:
     return "int8"
 
 
+def _compiled(srcs: list[Source]) -> bool:
+    """Whether every part is a GGUF tensor of a type the compiled repacking reads (ggml_repack.py)."""
+    return all(s.raw is not None and s.qtype in kernels.KERNEL_TYPES for s in srcs)
+
+
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _run_rows(srcs: list[Source], job: Callable[[Source, int, int, int], None]) -> None:
+    """job(src, first output row, a, b) over row ranges of every source (multiples of 32 rows), on a thread per
+    allowed core (the kernels release the GIL); each range's file pages are dropped once it is done."""
+    from hafiza.threads import allowed_cpus
+
+    def one(s: Source, row: int, a: int, b: int) -> None:
+        job(s, row, a, b)
+        if s.drop is not None:
+            s.drop(a, b)
+
+    tasks = []
+    row = 0
+    for s in srcs:
+        step = max(32, JOB_VALUES // max(s.shape[1], 1) // 32 * 32)
+        tasks += [(s, row, a, min(a + step, s.rows)) for a in range(0, s.rows, step)]
+        row += s.rows
+    workers = min(len(allowed_cpus()), 8)
+    if workers < 2 or len(tasks) < 2:
+        for t in tasks:
+            one(*t)
+        return
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(workers, thread_name_prefix="hafiza-repack"))
+    for f in [_POOL[0].submit(one, *t) for t in tasks]:
+        f.result()
+
+
+def _int4_compiled(srcs: list[Source], device: torch.device, planes: int) -> Int4Linear:
+    """int4 (planes=1, 4-bit types) or two int4 planes (planes=2, Q8_0) straight from the file's blocks."""
+    n, k = sum(s.rows for s in srcs), srcs[0].shape[1] * planes
+    packed = np.empty((n // 32, k, 16), dtype=np.uint8)
+    sz = torch.empty(k // INT4_GROUP, n, 2, dtype=torch.bfloat16)  # the kernel's [G, N, (scale, zero)]
+    words, sz_bits = packed.view(np.uint64), sz.view(torch.int16).numpy().view(np.uint16)
+
+    def job(s: Source, row: int, a: int, b: int) -> None:
+        assert s.raw is not None and s.qtype is not None
+        if planes == 1:
+            kernels.int4_rows(s.raw(a, b), int(s.qtype), kernels.F16_TABLE, row + a, words, sz_bits)
+        else:
+            kernels.int4x2_rows(s.raw(a, b), kernels.F16_TABLE, row + a, words, sz_bits)
+
+    _run_rows(srcs, job)
+    return Int4Linear(torch.from_numpy(packed.reshape(n, k // 2)), sz, device, planes)
+
+
+def _int8_compiled(srcs: list[Source], device: torch.device) -> Int8Linear:
+    """int8 per output row straight from the file's blocks."""
+    n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
+    q = np.empty((n, k), dtype=np.int8)
+    scale = np.empty(n, dtype=np.float32)
+
+    def job(s: Source, row: int, a: int, b: int) -> None:
+        assert s.raw is not None and s.qtype is not None
+        kernels.int8_rows(s.raw(a, b), int(s.qtype), kernels.F16_TABLE, kernels.group_of(s.qtype),
+                          q[row + a : row + b], scale[row + a : row + b])
+
+    _run_rows(srcs, job)
+    return Int8Linear(torch.from_numpy(q), torch.from_numpy(scale), device)
+
+
+def _fp32_part(s: Source, a: int, b: int) -> torch.Tensor:
+    """Rows a..b of a source in fp32, exactly gguf's values (compiled for the GGUF types it reads)."""
+    if not _compiled([s]):
+        return _as_fp32(s.read(a, b))
+    assert s.raw is not None and s.qtype is not None
+    out = np.empty((b - a, s.shape[1]), dtype=np.float32)
+    kernels.dequant_rows(s.raw(a, b), int(s.qtype), kernels.F16_TABLE, kernels.group_of(s.qtype), out)
+    return torch.from_numpy(out)
+
+
 def _dense(srcs: list[Source], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
     out = torch.empty(n, k, dtype=dtype, device=device)
     row = 0
     for s in srcs:
         for a, b in s.chunks():
-            out[row + a : row + b] = _as_fp32(s.read(a, b)).to(dtype) if not _keeps(s, dtype) else s.read(a, b)
+            out[row + a : row + b] = _fp32_part(s, a, b).to(dtype) if not _keeps(s, dtype) else s.read(a, b)
         row += s.rows
     return out
 
@@ -118,6 +200,8 @@ def _keeps(s: Source, dtype: torch.dtype) -> bool:
 
 
 def _int8(srcs: list[Source], device: torch.device) -> Int8Linear:
+    if _compiled(srcs):
+        return _int8_compiled(srcs, device)
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
     q = torch.empty(n, k, dtype=torch.int8)
     scale = torch.empty(n, dtype=torch.float32)
@@ -176,7 +260,11 @@ def _int4(srcs: list[Source], device: torch.device, planes: int = 1) -> Int4Line
     """int4 group-wise from 4-bit sources (planes=1) or 8-bit ones as two exact planes (planes=2)."""
     parts_of = _int4_parts if planes == 1 else _int4x2_parts
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1] * planes
-    if device.type == "cpu" and all(s.rows % 32 == 0 for s in srcs) and numpy_pack_matches_torch():
+    cpu_layout = device.type == "cpu" and all(s.rows % 32 == 0 for s in srcs) and numpy_pack_matches_torch()
+    types = kernels.INT4_TYPES if planes == 1 else {GGMLQuantizationType.Q8_0}
+    if cpu_layout and _compiled(srcs) and all(s.qtype in types for s in srcs):
+        return _int4_compiled(srcs, device, planes)
+    if cpu_layout:
         # chunk by chunk straight into the kernel's layout: no whole-tensor integer copy
         packed = np.empty((n, k // 2), dtype=np.uint8)
         sz = torch.empty(k // INT4_GROUP, n, 2, dtype=torch.bfloat16)
@@ -223,7 +311,7 @@ def build_rows(src: Source, mode: str, dtype: torch.dtype, device: torch.device)
         return DenseRows(_dense([src], _DENSE[fmt], device), dtype)
     v, k = src.shape
     if device.type == "cpu" and src.raw is not None and src.qtype is not None:
-        return GGUFRows(np.ascontiguousarray(src.raw(0, v)), src.qtype, k, dtype)
+        return GGUFRows(np.array(src.raw(0, v)), src.qtype, k, dtype)  # a copy: the file may change later
     first = src.read(0, min(16, v))
     group = first.group if isinstance(first, GroupedInts) else INT4_GROUP
     q = np.empty((v, k), dtype=np.int8)
