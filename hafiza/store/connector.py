@@ -143,7 +143,8 @@ class StoreConnector(KVConnector):
             if target is None or block_tokens is None:
                 raise ConfigError("the speculative codec needs the model and the blocks' tokens (use for_engine)",
                                   setting="store_codec")
-            kv = BlockwiseKV(target, self.block_size, on_run=self._observe_predict)
+            kv = BlockwiseKV(target, self.block_size, on_run=self._observe_predict,
+                             kv_dtype=pool.block_dtype)
             self.predictor = BlockPredictor(kv, f"{model_fingerprint}:{kv_dtype}")
         self.stats = ConnectorStats()
         self._stored_bytes = {c: _Average() for c in set(self.codecs)}
@@ -196,6 +197,8 @@ class StoreConnector(KVConnector):
         try:
             block = self.pool.read_native([block_id])
             tokens = self.block_tokens(block_id) if self.predictor is not None and self.block_tokens else None
+            if tokens and self.predictor is not None:
+                self.predictor.kv.hint(tokens)  # the writer's first encode then runs every block saved so far at once
         except Exception:
             store_log.error(f"connector {id(self)} copy", "store: cannot copy block %d out of the pool; not saved",
                             block_id, exc_info=True)  # fmt: skip

@@ -3,11 +3,11 @@
 Any instance that loads a block must reproduce the encoder's prediction bit for bit, whatever prefix length it
 loads. The cheaper copy (`hafiza.codec.predictors.cheap`) is built from row-invariant kernels and reads earlier
 tokens' K/V back in the store's dtype, so block i's prediction depends only on the tokens up to the end of block i,
-whatever the pass's length or chunking (tests/store/test_speculative.py): a load of n blocks is one pass of
-`chunk`-token forwards, not n block-sized ones. Each thread keeps its last runs, so saving one prompt's blocks in
-order, or loading n blocks, costs one pass over the prefix. A prediction that still differs (another torch build
-or device) is caught by the codec's per-chunk CRC: decode raises PredictionMismatchError and the store recomputes
-the block.
+whatever the pass's length or chunking (tests/codec/test_cheap_predictor.py): a load of n blocks is one pass of
+`chunk`-token forwards, not n block-sized ones. The last few runs are kept, so saving one prompt's blocks in order
+(after `hint`), or loading n blocks and then saving the prompt's new ones, costs one pass over the prefix. A
+prediction that still differs (another torch build or device) is caught by the codec's per-chunk CRC: decode
+raises PredictionMismatchError and the store recomputes the block.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hafiza.codec.predictors.cheap import DEFAULT_CHUNK, CheapSpec, PrefixRun, b
 from hafiza.codec.predictors.speculative import SpeculativePredictor, _Bound
 from hafiza.models.llama import LlamaModel
 
-MAX_RUNS = 2
+MAX_RUNS = 4
 
 
 def default_spec(target: LlamaModel) -> CheapSpec:
@@ -43,7 +43,12 @@ def default_spec(target: LlamaModel) -> CheapSpec:
 
 
 class BlockwiseKV:
-    """Predicted K/V of a prompt's blocks from the target's cheaper copy, run over the prefix in big chunks."""
+    """Predicted K/V of a prompt's blocks from the target's cheaper copy, run over the prefix in big chunks.
+
+    Runs are shared by every thread (one at a time, under a lock): the writer thread that encodes a loaded
+    prompt's new blocks continues the engine thread's run instead of redoing the prefix. `hint` tells it of a
+    prompt's tokens before its blocks are encoded one by one, so the first block's encode runs the whole known
+    prompt in one pass rather than one block-sized forward per block."""
 
     def __init__(self, target: LlamaModel, block_size: int, spec: CheapSpec | None = None,
                  on_run: Callable[[int, float], None] | None = None, kv_dtype: torch.dtype = torch.bfloat16,
@@ -56,14 +61,21 @@ class BlockwiseKV:
         self.variant = self.spec.label()
         self.model = build_cheap_model(target, self.spec)
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._runs: list[PrefixRun] = []
+        self._hints: list[list[int]] = []
+
+    def hint(self, token_ids: list[int]) -> None:
+        """A prompt's tokens known so far (whole blocks are used), whose blocks will be asked for in order."""
+        with self._lock:
+            self._hints = [h for h in self._hints if h != token_ids[: len(h)]][-(MAX_RUNS - 1):]
+            self._hints.append(list(token_ids))
 
     def _run(self, token_ids: list[int], upto: int) -> tuple[PrefixRun, int]:
-        """This thread's run sharing the most leading blocks with `token_ids` (at most `upto`), cut back to them,
-        and that count. A few runs are kept per thread (least recent dropped), so interleaved saves of concurrent
-        prompts do not redo each other's prefixes."""
-        runs: list[PrefixRun] | None = getattr(self._local, "runs", None)
-        if runs is None:
-            runs = self._local.runs = []
+        """The run sharing the most leading blocks with `token_ids` (counted up to `upto`), and that count. A few
+        runs are kept (least recent dropped), so interleaved saves of concurrent prompts do not redo each other's
+        prefixes. Called under the lock."""
+        runs = self._runs
         bs, best, best_same = self.block_size, None, -1
         for run in runs:
             same, limit = 0, min(len(run.tokens) // bs, upto)
@@ -78,8 +90,15 @@ class BlockwiseKV:
                 runs.pop(0)
         runs.remove(best)
         runs.append(best)
-        best.truncate(best_same * bs)
         return best, best_same
+
+    def _target_end(self, token_ids: list[int], end: int) -> list[int]:
+        """`token_ids[:end]`, or a hinted prompt that starts with them, cut to whole blocks (under the lock)."""
+        longest = token_ids[:end]
+        for h in self._hints:
+            if len(h) > len(longest) and h[:end] == longest:
+                longest = h[: len(h) // self.block_size * self.block_size]
+        return list(longest)
 
     def blocks(self, token_ids: list[int], first: int, count: int) -> list[torch.Tensor]:
         """Predicted blocks `first` … `first + count - 1` of `token_ids` (a whole number of blocks), each
@@ -88,15 +107,18 @@ class BlockwiseKV:
         end = (first + count) * bs
         if len(token_ids) < end:
             raise ContextError(f"{len(token_ids)} tokens do not cover blocks {first}..{first + count - 1} of {bs}")
-        run, same = self._run(token_ids, first + count)
-        if first + count > same:
-            start = time.perf_counter()
-            run.extend(list(token_ids[same * bs : end]), self.chunk)
-            seconds = time.perf_counter() - start
-            self._local.seconds = self.thread_seconds() + seconds
-            if self.on_run is not None:
-                self.on_run(end - same * bs, seconds)
-        k, v = run.kv(first * bs, end)
+        with self._lock:
+            run, same = self._run(token_ids, first + count)
+            if first + count > same:
+                run.truncate(same * bs)
+                todo = self._target_end(token_ids, end)
+                start = time.perf_counter()
+                run.extend(todo[same * bs :], self.chunk)
+                seconds = time.perf_counter() - start
+                self._local.seconds = self.thread_seconds() + seconds
+                if self.on_run is not None:
+                    self.on_run(len(todo) - same * bs, seconds)
+            k, v = run.kv(first * bs, end)
         kv = torch.stack([k, v], dim=1)  # [layers, 2, count * bs, heads, dim]
         return [kv[:, :, b * bs : (b + 1) * bs] for b in range(count)]
 

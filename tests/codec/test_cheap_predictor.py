@@ -61,3 +61,19 @@ def test_bad_specs_are_refused(tiny_llama: LoadedModel) -> None:
         build_cheap_model(tiny_llama.model, CheapSpec("int8", "fp16"))
     with pytest.raises(ValueError, match="exact layers need"):
         build_cheap_model(tiny_llama.model, CheapSpec("int8", "bf16", exact_layers=1))
+
+
+def test_store_predictor_runs_a_hinted_prompt_in_one_pass_and_shares_runs(tiny_llama: LoadedModel) -> None:
+    from hafiza.store.speculative import BlockwiseKV
+
+    ids = prompt(tiny_llama, 12 * BS)
+    runs: list[int] = []
+    kv = BlockwiseKV(tiny_llama.model, BS, CheapSpec("int8", "fp32"), on_run=lambda n, s: runs.append(n))
+    for i in range(12):
+        kv.hint(ids[: (i + 1) * BS])
+    saved = [kv.blocks(ids[: (i + 1) * BS], i, 1)[0] for i in range(12)]
+    assert runs == [12 * BS]  # the first block's encode ran the whole hinted prompt; the rest were cached
+    fresh = BlockwiseKV(tiny_llama.model, BS, CheapSpec("int8", "fp32"))
+    loaded = fresh.blocks(ids, 0, 12)
+    assert all(torch.equal(a, b) for a, b in zip(saved, loaded, strict=True))
+    assert fresh.blocks(ids[: 3 * BS], 2, 1)[0].equal(saved[2]) and fresh.thread_seconds() > 0
