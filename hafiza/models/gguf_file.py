@@ -124,7 +124,8 @@ def _populate(pages: mmap.mmap, start: int, end: int) -> None:
 def _tensor_source(data: np.ndarray, pages: mmap.mmap, t: TensorInfo, name: str, shape: tuple[int, ...],
                    perm: np.ndarray | None) -> Source:
     """Rows of one tensor as read-only views of the file's memory map (a copy only where q/k rows are permuted);
-    `drop` hands the pages of rows already repacked back, so the map never adds a model's size to the RSS."""
+    `fetch` maps a row range's pages in one call before it is repacked and `drop` hands them back after, so the
+    map never adds a model's size to the RSS."""
     qtype = GGMLQuantizationType(int(t.tensor_type))
     rows = shape[0]
     k = int(np.prod(shape[1:])) if len(shape) > 1 else 1
@@ -136,13 +137,16 @@ def _tensor_source(data: np.ndarray, pages: mmap.mmap, t: TensorInfo, name: str,
 
     def raw(a: int, b: int) -> np.ndarray:
         lo, hi = span(a, b)
-        _populate(pages, offset + lo * row_bytes, offset + hi * row_bytes)
         arr = data[offset + lo * row_bytes : offset + hi * row_bytes].reshape(hi - lo, row_bytes)
         if perm is None:
             return arr
         arr = arr[perm[a:b] - lo]
         arr.flags.writeable = False  # one compiled form for views and copies alike
         return arr
+
+    def fetch(a: int, b: int) -> None:
+        lo, hi = span(a, b)
+        _populate(pages, offset + lo * row_bytes, offset + hi * row_bytes)
 
     def drop(a: int, b: int) -> None:
         lo, hi = span(a, b)
@@ -154,7 +158,7 @@ def _tensor_source(data: np.ndarray, pages: mmap.mmap, t: TensorInfo, name: str,
 
     if qtype in SUPPORTED:
         return Source(name, shape, lambda a, b: unpack_rows(raw(a, b), qtype, k), bits=BLOCK[qtype][2],
-                      group=BLOCK[qtype][3], raw=raw, qtype=qtype, drop=drop)
+                      group=BLOCK[qtype][3], raw=raw, qtype=qtype, fetch=fetch, drop=drop)
     if qtype in _DENSE_TYPES:
         np_dtype, torch_dtype = _DENSE_TYPES[qtype]
 

@@ -66,6 +66,7 @@ class Source:
     dense_dtype: torch.dtype = torch.float32
     raw: Callable[[int, int], np.ndarray] | None = None  # a GGUF tensor's own block bytes for rows a..b
     qtype: GGMLQuantizationType | None = None
+    fetch: Callable[[int, int], None] | None = None  # rows a..b are about to be read whole: map their pages
     drop: Callable[[int, int], None] | None = None  # rows a..b are repacked: their file pages may go
 
     @property
@@ -120,6 +121,8 @@ def _run_rows(srcs: list[Source], job: Callable[[Source, int, int, int], None]) 
     from hafiza.threads import allowed_cpus
 
     def one(s: Source, row: int, a: int, b: int) -> None:
+        if s.fetch is not None:
+            s.fetch(a, b)
         job(s, row, a, b)
         if s.drop is not None:
             s.drop(a, b)
@@ -311,7 +314,7 @@ def build_rows(src: Source, mode: str, dtype: torch.dtype, device: torch.device)
         return DenseRows(_dense([src], _DENSE[fmt], device), dtype)
     v, k = src.shape
     if device.type == "cpu" and src.raw is not None and src.qtype is not None:
-        return GGUFRows(np.array(src.raw(0, v)), src.qtype, k, dtype)  # a copy: the file may change later
+        return GGUFRows(src.raw(0, v), src.qtype, k, dtype)  # the mapped file's blocks, as llama.cpp keeps them
     first = src.read(0, min(16, v))
     group = first.group if isinstance(first, GroupedInts) else INT4_GROUP
     q = np.empty((v, k), dtype=np.int8)
