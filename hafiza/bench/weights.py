@@ -171,6 +171,27 @@ def print_table(data: dict[str, Any], console: Any) -> None:
                       f"{r['decode_fraction_of_limit']:.0%}", f"{r['prefill_tok_s']:.0f}",
                       f"{r['peak_rss_bytes'] / 2**30:.2f}", f"{r['load_s']:.2f}")
     console.print(table)
+    server = data.get("server")
+    if server:
+        from hafiza.bench.llamacpp import print_tables
+
+        print_tables({"available": True, "server": server}, console)
+        console.print(server_summary(server))
+
+
+def server_summary(server: dict[str, Any]) -> str:
+    """One line: hafiza serve's aggregate output tok/s against llama-server's in the same run, and the ≥ 3× target;
+    or why there is no ratio."""
+    rows = {("hafiza" if r["system"].startswith("hafiza") else "llama-server" if "llama-server" in r["system"]
+             else "other"): r for r in server["rows"]}
+    ours, peer = rows.get("hafiza", {}), rows.get("llama-server", {})
+    for name, row in (("hafiza serve", ours), ("llama-server", peer)):
+        if "aggregate_tok_s" not in row:
+            return f"no {name} figure: {row.get('error', 'not run')}"
+    ratio = ours["aggregate_tok_s"] / peer["aggregate_tok_s"]
+    return (f"{server['config']['sessions']} streams: hafiza serve {ours['aggregate_tok_s']:.1f} tok/s, llama-server "
+            f"({peer['slots']} slots) {peer['aggregate_tok_s']:.1f} tok/s: {ratio:.2f}x (target >= 3x, "
+            f"{'met' if ratio >= 3 else 'missed'})")
 
 
 def markdown(data: dict[str, Any]) -> str:

@@ -99,3 +99,15 @@ def test_the_spinner_stops_when_its_worker_is_killed() -> None:
     while _running(spinner) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(spinner), f"spinner {spinner} outlived its worker"
+
+
+def test_the_server_summary_states_the_ratio_or_why_there_is_none() -> None:
+    ours = {"system": "hafiza serve (OpenAI API)", "aggregate_tok_s": 30.0}
+    peer = {"system": "llama.cpp llama-server (16 parallel slots)", "slots": 16, "aggregate_tok_s": 12.0}
+    server = {"config": {"sessions": 16}, "rows": [ours, peer]}
+    assert weights.server_summary(server) == ("16 streams: hafiza serve 30.0 tok/s, llama-server (16 slots) 12.0 "
+                                              "tok/s: 2.50x (target >= 3x, missed)")
+    assert weights.server_summary(server | {"rows": [ours | {"aggregate_tok_s": 36.0}, peer]}).endswith(", met)")
+    missing = {"system": "llama.cpp llama-server", "error": "no llama-server binary found"}
+    assert weights.server_summary(server | {"rows": [ours, missing]}) == ("no llama-server figure: no llama-server "
+                                                                          "binary found")
