@@ -16,6 +16,7 @@ dtypes use the `planes` layout, whose model block (the median exponents) is the 
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 import zstandard
 
 from hafiza.codec.coders.base import BoundCoder, Coder
-from hafiza.codec.coders.planes import PlanesCoder, _params
+from hafiza.codec.coders.planes import PlanesCoder, _params, read_medians
 from hafiza.codec.formats import BitFormat
 from hafiza.codec.layout import ChunkRef
 from hafiza.codec.predictors.base import BoundPredictor
@@ -72,15 +73,34 @@ def warm_up() -> None:
     decode(encode(torch.zeros(1, 8, 8, dtype=torch.bfloat16), CodecContext(coder="fast")))
 
 
+_local = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompression context, made once: one per container costs more than a small
+    container's whole decode (a ZstdDecompressor is not safe to share between threads)."""
+    dctx = getattr(_local, "dctx", None)
+    if dctx is None:
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
 class _Fast(BoundCoder):
     def __init__(self, channels: int, medians: np.ndarray) -> None:
         self.channels = channels
         self.medians = medians.astype(np.int16)
-        self.base = ((self.medians - OFFSET) & 0xFF).astype(np.uint16)  # what the kernel adds to a symbol
+        self.base = ((medians - np.uint8(OFFSET)) & 0xFF).astype(np.uint16)  # what the kernel adds to a symbol
         self.row_bytes = -(-channels // 8)
-        self.cctx = zstandard.ZstdCompressor(compression_params=_params())
-        self.dctx = zstandard.ZstdDecompressor()
+        self.dctx = _decompressor()
         self.kernel = _kernel()
+        self._cctx: zstandard.ZstdCompressor | None = None
+
+    @property
+    def cctx(self) -> zstandard.ZstdCompressor:
+        """The symbol plane's compressor, made on the first encode (decoding needs none)."""
+        if self._cctx is None:
+            self._cctx = zstandard.ZstdCompressor(compression_params=_params())
+        return self._cctx
 
     def encode(self, bits: np.ndarray, ref: ChunkRef) -> bytes:
         """Sign mode, escape count, Huffman frame length; frame, packed mantissas, majority row, escapes."""
@@ -144,7 +164,8 @@ class FastCoder(Coder):
 
     def bind(self, model: bytes | memoryview, fmt: BitFormat, vshape: tuple[int, int, int],
              predictor: BoundPredictor | None) -> BoundCoder:
-        planes = PlanesCoder().bind(model, fmt, vshape, predictor)
-        if fmt.name != "bf16" or planes.medians is None:
-            return planes
-        return _Fast(vshape[2], planes.medians)
+        if fmt.name != "bf16" or not vshape[0] * vshape[1] * vshape[2]:
+            return PlanesCoder().bind(model, fmt, vshape, predictor)
+        medians = read_medians(model, fmt, vshape, _decompressor())
+        assert medians is not None
+        return _Fast(vshape[2], medians)

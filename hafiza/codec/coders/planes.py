@@ -177,14 +177,20 @@ class PlanesCoder(Coder):
 
     def bind(self, model: bytes | memoryview, fmt: BitFormat, vshape: tuple[int, int, int],
              predictor: BoundPredictor | None) -> BoundCoder:
-        medians = None
-        if fmt.exponent and vshape[0] * vshape[1] * vshape[2]:
-            size = vshape[0] * vshape[2]
-            try:
-                raw = zstandard.ZstdDecompressor().decompress(bytes(model), max_output_size=size)
-            except zstandard.ZstdError as exc:
-                raise ValueError(f"planes model block is not a zstd frame ({exc})") from exc
-            if len(raw) != size:
-                raise ValueError(f"planes model holds {len(raw)} medians, expected {size}")
-            medians = np.frombuffer(raw, np.uint8).reshape(vshape[0], vshape[2])
-        return _Planes(fmt, vshape, medians)
+        return _Planes(fmt, vshape, read_medians(model, fmt, vshape))
+
+
+def read_medians(model: bytes | memoryview, fmt: BitFormat, vshape: tuple[int, int, int],
+                 dctx: zstandard.ZstdDecompressor | None = None) -> np.ndarray | None:
+    """The median exponents [groups, channels] (uint8) a model block holds; None for integer formats and
+    empty tensors, which have none."""
+    if not fmt.exponent or not vshape[0] * vshape[1] * vshape[2]:
+        return None
+    size = vshape[0] * vshape[2]
+    try:
+        raw = (dctx or zstandard.ZstdDecompressor()).decompress(model, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"planes model block is not a zstd frame ({exc})") from exc
+    if len(raw) != size:
+        raise ValueError(f"planes model holds {len(raw)} medians, expected {size}")
+    return np.frombuffer(raw, np.uint8).reshape(vshape[0], vshape[2])
