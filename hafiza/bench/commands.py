@@ -6,8 +6,8 @@ import importlib
 
 from hafiza.cli import bench_app
 
-BENCH_MODULES = ("cache", "capacity", "engine_benches", "grammar", "native", "quality", "serve", "tiers", "suite",
-                 "weights", "weights_quality", "weight_kernels")
+BENCH_MODULES = ("cache", "capacity", "engine_benches", "grammar", "native", "predictor", "quality", "serve", "tiers",
+                 "suite", "weights", "weights_quality", "weight_kernels")
 
 for _name in BENCH_MODULES:
     try:

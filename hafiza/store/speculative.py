@@ -65,6 +65,11 @@ class BlockwiseKV:
         self._runs: list[PrefixRun] = []
         self._hints: list[list[int]] = []
 
+    def reset(self) -> None:
+        """Forget every run and hint (the next request runs from its first token)."""
+        with self._lock:
+            self._runs, self._hints = [], []
+
     def hint(self, token_ids: list[int]) -> None:
         """A prompt's tokens known so far (whole blocks are used), whose blocks will be asked for in order."""
         with self._lock:
