@@ -1,18 +1,23 @@
 """One measurement: a coder (or peer) on one text's K and V, with sizes, one-thread timings and a checked
 round trip. Times are CPU seconds of this (single-threaded) process, so that other users of a shared
-machine slow the wall clock but not the figures."""
+machine slow the wall clock but not the figures; a decode's time is the median of DECODE_REPEATS decodes,
+since on a loaded machine one decode can take twice as long as the next."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from hafiza.codec import CodecContext, decode, encode
 from hafiza.codec.formats import tensor_bits
+
+DECODE_REPEATS = 3
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,9 +57,7 @@ def measure_codec(label: str, kv: dict[str, torch.Tensor], make_context: Callabl
         start = time.process_time()
         data = encode(x, ctx)
         m.encode_s[role] = time.process_time() - start
-        start = time.process_time()
-        y = decode(data, ctx)
-        m.decode_s[role] = time.process_time() - start
+        y, m.decode_s[role] = _timed(lambda data=data, ctx=ctx: decode(data, ctx))
         ok = same(x, y)
         if fresh_context is not None:
             ok = ok and same(x, decode(data, fresh_context(role)))
@@ -73,9 +76,17 @@ def measure_bytes(label: str, kv: dict[str, torch.Tensor], compress: Callable[[b
         start = time.process_time()
         data = compress(raw)
         m.encode_s[role] = time.process_time() - start
-        start = time.process_time()
-        back = decompress(data)
-        m.decode_s[role] = time.process_time() - start
+        back, m.decode_s[role] = _timed(lambda data=data: decompress(data))
         m.lossless = m.lossless and bytes(back) == raw
         m.values[role], m.raw_bytes[role], m.coded_bytes[role] = x.numel(), len(raw), len(data)
     return m
+
+
+def _timed(run: Callable[[], T]) -> tuple[T, float]:
+    """The last result of `run` and the median CPU time of DECODE_REPEATS runs."""
+    times = []
+    for _ in range(DECODE_REPEATS):
+        start = time.process_time()
+        result = run()
+        times.append(time.process_time() - start)
+    return result, float(np.median(times))
