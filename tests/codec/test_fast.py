@@ -93,6 +93,15 @@ def test_a_damaged_mantissa_byte_fails_the_checksum() -> None:
         decode(bytes(data))
 
 
+def test_an_escape_pointing_past_the_chunk_is_refused() -> None:
+    x = _values(np.zeros((1, 64, 16)))
+    x[0, 3, 5] = 0.0  # the one escape
+    data = bytearray(encode(x, CTX))
+    data[-6:-2] = (64 * 16).to_bytes(4, "little")  # its position (the payload ends with position, pattern)
+    with pytest.raises(ChecksumError, match="escape points at value 1024 of 1024"):
+        decode(bytes(data))
+
+
 def test_warm_up_loads_the_kernel() -> None:
     warm_up()
     assert decode_chunk.signatures  # compiled (or loaded from the cache) for the decode path's argument types
