@@ -1,5 +1,7 @@
 """Which lossless codec KV blocks are stored with (the store codec setting), through `hafiza.codec`'s public API.
 
+The connector stores a pool's native form (store/native.py): a full-precision block goes through exactly the
+layout below, a quantised block's codes take the same layout and its scales go beside them.
 A stored block is one pool block [layers, 2, block_size, kv_heads, head_dim], handed to the codec as
 [block_size, layers * 2 * kv_heads * head_dim]: one chunk of `block_size` tokens whose channels are every
 (layer, K or V, head, dim). One chunk per block keeps the codec's per-chunk overhead low: against one group per
