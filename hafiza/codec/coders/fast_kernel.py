@@ -2,7 +2,7 @@
 bit patterns in one compiled call (numba): mantissas, signs, exponents, the majority row and the escapes.
 Per-chunk Python work and numpy passes cost as much as the Huffman decode itself, so all of it is here.
 Arrays are only ever indexed through slices and range() indices: numba checks an `a[x + k]` index for
-wrap-around, which stops LLVM from vectorising the loop (about 10x slower).
+wrap-around, which stops LLVM from vectorising the loop.
 Imported on first use (numba's import takes about a second); compiled once per installation, cached on disk."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def decode_chunk(symbols: np.ndarray, payload: np.ndarray, frame_end: int, mant_
                 s = (a >> 7) ^ state[c]
                 state[c] = s
                 o[c] = (s << 15) | ((((a & 0x7F) + base[c]) & 0xFF) << 7) | mt[c]
-        else:  # kept in uint16 arithmetic (flip holds the sign at bit 15): about 20 % faster here
+        else:  # kept in uint16 arithmetic (flip holds the sign at bit 15), which LLVM vectorises better
             for c in range(channels):
                 a = _U16(sym[c])
                 o[c] = (((a & _U16(0x80)) << _U16(8)) ^ flip[c]) | ((((a & _U16(0x7F)) + base[c]) << _U16(7))
