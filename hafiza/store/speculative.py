@@ -35,8 +35,8 @@ MAX_RUNS = 4
 
 def default_spec(target: LlamaModel) -> CheapSpec:
     """The predictor a target gets unless told otherwise: its weight values through fp32 GEMMs with bf16-rounded
-    inputs on a CPU (MKL's fp32 GEMM ran 1.8-2.1x faster than the int4 and int8 kernels here: docs/CODEC.md); on
-    CUDA int8 weights (half the weight bytes of bf16; not measured on a GPU here)."""
+    inputs on a CPU (0.49 of the int4-served target's prefill, against 0.77-0.80 for int8/int4 copies:
+    docs/CODEC.md); on CUDA int8 weights (half the weight bytes of bf16; not measured on a GPU here)."""
     if target.device.type == "cpu":
         return CheapSpec("fp32-bf16in", "fp32")
     return CheapSpec("int8", "bf16" if target.dtype == torch.bfloat16 else "fp32")
