@@ -58,32 +58,74 @@ ROW_TILE = 4  # MKL computes a remainder of 1-3 rows with other kernels (other r
 QUERY_CHUNK = 256  # query tokens per kernel call in a prefill span (bounds the score matrix)
 
 
+def _tiled(q: torch.Tensor, k: torch.Tensor, v1: torch.Tensor, hidden: torch.Tensor, rows: int) -> torch.Tensor:
+    """The kernel on padded operands: q [B, R, d] already scaled by 1/√d (R a multiple of ROW_TILE, padding rows
+    zero), k [B, W, d] and v1 [B, W, d + 1] (last column ones: the softmax sum) with W a multiple of KEY_TILE,
+    `hidden` bool broadcastable to [B, R, W] (True = masked) -> [B, rows, d]."""
+    b, r, dim = q.shape
+    width = k.shape[1]
+    scores = torch.bmm(q, k.transpose(1, 2)).masked_fill_(hidden, float("-inf"))
+    probs = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    tiles = width // KEY_TILE
+    if tiles > 1:
+        probs = probs.view(b, r, tiles, KEY_TILE).transpose(1, 2).reshape(b * tiles, r, KEY_TILE)
+    parts = torch.bmm(probs, v1.reshape(b * tiles, KEY_TILE, dim + 1)).view(b, tiles, r, dim + 1)
+    acc = parts[:, 0].clone() if tiles > 1 else parts[:, 0]
+    for t in range(1, tiles):
+        acc += parts[:, t]
+    return acc[:, :rows, :dim] / acc[:, :rows, dim:]
+
+
+def _padded_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k/v [..., S, d] (any strides) -> k [B, W, d] and v1 [B, W, d + 1] (B the leading dims' product, W = S
+    rounded up to KEY_TILE): zero keys and values past S and a column of ones after v, one copy of each."""
+    *lead, s, dim = k.shape
+    width = -(-s // KEY_TILE) * KEY_TILE
+    kp = k.new_empty(*lead, width, dim)
+    kp[..., :s, :] = k
+    v1 = v.new_empty(*lead, width, dim + 1)
+    v1[..., :s, :dim] = v
+    if width != s:
+        kp[..., s:, :] = 0
+        v1[..., s:, :dim] = 0
+    v1[..., dim] = 1
+    return kp.view(-1, width, dim), v1.view(-1, width, dim + 1)
+
+
+def _padded_queries(q: torch.Tensor) -> torch.Tensor:
+    """q [B, R, d] -> q / √d with zero rows up to a multiple of ROW_TILE."""
+    b, rows, dim = q.shape
+    padded = -(-rows // ROW_TILE) * ROW_TILE
+    if padded == rows:
+        return q * dim**-0.5
+    qp = q.new_zeros(b, padded, dim)
+    qp[:, :rows] = q
+    return qp.mul_(dim**-0.5)
+
+
+def _hidden(visible: torch.Tensor, b: int, rows: int, padded: int, width: int) -> torch.Tensor:
+    """~visible widened to [B, padded, width]: keys past the given ones hidden, padding rows as row 0."""
+    visible = visible.expand(b, rows, visible.shape[-1])
+    hidden = visible.new_ones(b, padded, width)
+    hidden[:, :rows, : visible.shape[-1]] = ~visible
+    if padded != rows:
+        hidden[:, rows:] = hidden[:, :1]
+    return hidden
+
+
+def _last_visible(mask: torch.Tensor) -> int:
+    """One past the last key any row of `mask` [rows, keys] may see."""
+    cols = mask.any(0).nonzero()
+    return int(cols[-1]) + 1 if cols.numel() else 0
+
+
 def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ/√d, where visible) v for q [B, R, d], k/v [B, S, d] (q's dtype), visible bool broadcastable
     to [B, R, S] -> [B, R, d]. Row r's values depend only on q[b, r] and the keys it sees, never on B, R or S."""
-    b, rows, dim = q.shape
-    width = -(-k.shape[1] // KEY_TILE) * KEY_TILE
-    visible = visible.expand(b, rows, k.shape[1])
-    if width != k.shape[1]:
-        pad = width - k.shape[1]
-        k = torch.cat([k, k.new_zeros(b, pad, dim)], 1)
-        v = torch.cat([v, v.new_zeros(b, pad, dim)], 1)
-        visible = torch.cat([visible, visible.new_zeros(b, rows, pad)], 2)
-    padded = -(-rows // ROW_TILE) * ROW_TILE
-    if padded != rows:
-        q = torch.cat([q, q.new_zeros(b, padded - rows, dim)], 1)
-        visible = torch.cat([visible, visible[:, :1].expand(b, padded - rows, width)], 1)
-    scores = torch.bmm(q * dim**-0.5, k.transpose(1, 2)).masked_fill_(~visible, float("-inf"))
-    probs = torch.exp(scores - scores.amax(-1, keepdim=True))
-    tiles = width // KEY_TILE
-    r = probs.shape[1]
-    probs = probs.view(b, r, tiles, KEY_TILE).transpose(1, 2).reshape(b * tiles, r, KEY_TILE)
-    v1 = torch.cat([v, v.new_ones(b, width, 1)], 2).view(b * tiles, KEY_TILE, dim + 1)  # last column: the sum
-    parts = torch.bmm(probs, v1).view(b, tiles, r, dim + 1)
-    acc = parts[:, 0].clone()
-    for t in range(1, tiles):
-        acc += parts[:, t]
-    return (acc[:, :rows, :dim] / acc[:, :rows, dim:]).contiguous()
+    b, rows, _ = q.shape
+    kp, v1 = _padded_keys(k, v)
+    qp = _padded_queries(q)
+    return _tiled(qp, kp, v1, _hidden(visible, b, rows, qp.shape[1], kp.shape[1]), rows).contiguous()
 
 
 def paged_attention(
@@ -97,12 +139,11 @@ def paged_attention(
     d = meta.num_decode
     if d:
         kc, vc = kv.gather(layer, meta.decode_block_tables)  # [D, S, Hkv, d]
-        width = kc.shape[1]
-        kc = kc.to(q.dtype).transpose(1, 2).reshape(d * kv_heads, width, dim)
-        vc = vc.to(q.dtype).transpose(1, 2).reshape(d * kv_heads, width, dim)
-        qd = q[:d].reshape(d * kv_heads, group, dim)
-        mask = meta.decode_mask.reshape(d, 1, 1, width).expand(d, kv_heads, 1, width).reshape(d * kv_heads, 1, width)
-        out[:d] = invariant_attention(qd, kc, vc, mask).view(d, heads, dim)
+        kp, v1 = _padded_keys(kc.to(q.dtype).transpose(1, 2), vc.to(q.dtype).transpose(1, 2))
+        qd = _padded_queries(q[:d].reshape(d * kv_heads, group, dim))
+        mask = meta.decode_mask.reshape(d, 1, kc.shape[1])
+        hidden = _hidden(mask, d, 1, 1, kp.shape[1]).unsqueeze(1).expand(d, kv_heads, 1, kp.shape[1])
+        out[:d] = _tiled(qd, kp, v1, hidden.reshape(d * kv_heads, 1, kp.shape[1]), group).view(d, heads, dim)
     for span in meta.prefills:
         s, n, ctx = span.start, span.length, span.context_len
         if span.block_table is None:
@@ -110,19 +151,22 @@ def paged_attention(
         else:
             kc, vc = kv.gather(layer, span.block_table.unsqueeze(0))
             ks, vs = kc[0, :ctx].to(q.dtype), vc[0, :ctx].to(q.dtype)
-        ks = ks.transpose(0, 1).contiguous()  # [Hkv, ctx, d]
-        vs = vs.transpose(0, 1).contiguous()
+        kp, v1 = _padded_keys(ks.transpose(0, 1), vs.transpose(0, 1))  # [Hkv, W, d], once for every chunk
         if span.mask is not None:
-            mask = span.mask[:, : ks.shape[1]]
+            mask = span.mask[:, : ks.shape[0]]
         else:
-            keys = torch.arange(ks.shape[1], device=q.device)
+            keys = torch.arange(ks.shape[0], device=q.device)
             mask = keys[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
         for c in range(0, n, QUERY_CHUNK):
             m = min(n, c + QUERY_CHUNK) - c
             qs = q[s + c : s + c + m].view(m, kv_heads, group, dim).permute(1, 0, 2, 3)
-            qs = qs.reshape(kv_heads, m * group, dim)
-            rows_mask = mask[c : c + m].repeat_interleave(group, 0)[None]
-            o = invariant_attention(qs, ks, vs, rows_mask)
+            qs = _padded_queries(qs.reshape(kv_heads, m * group, dim))
+            rows_mask = mask[c : c + m]
+            seen = ctx - n + c + m if span.mask is None else _last_visible(rows_mask)
+            keys_used = min(kp.shape[1], max(1, -(-seen // KEY_TILE)) * KEY_TILE)  # later tiles add exact zeros
+            hidden = _hidden(rows_mask[:, :keys_used].repeat_interleave(group, 0)[None], 1, m * group, qs.shape[1],
+                             keys_used)
+            o = _tiled(qs, kp[:, :keys_used], v1[:, :keys_used], hidden, m * group)
             out[s + c : s + c + m] = o.view(kv_heads, m, group, dim).permute(1, 0, 2, 3).reshape(m, heads, dim)
     if meta.observer is not None:
         meta.observer(layer, q, kv)

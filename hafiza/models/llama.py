@@ -87,14 +87,13 @@ class LlamaModel:
             adapt_threads()  # the cores other processes left free (hafiza/threads.py)
         x = self.embed(input_ids)
         cos, sin = self.rope.cos_sin(positions, int(positions.max()) if positions.numel() else 0)
-        t = x.shape[0]
+        t, heads = x.shape[0], c.num_heads + c.num_kv_heads
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
             qkv = lw.qkv(h) if lw.qkv_bias is None else lw.qkv(h) + lw.qkv_bias
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rope(q.view(t, c.num_heads, c.head_dim), cos, sin)
-            k = apply_rope(k.view(t, c.num_kv_heads, c.head_dim), cos, sin)
-            v = v.view(t, c.num_kv_heads, c.head_dim)
+            qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(t, heads, c.head_dim), cos, sin)
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]  # one rope for both: the same values, half the ops
+            v = qkv[:, self.q_size + self.kv_size :].view(t, c.num_kv_heads, c.head_dim)
             kv.write(i, meta.slot_mapping, k, v)
             attn = paged_attention(i, q, k, v, kv, meta)
             x = x + lw.o(attn.view(t, self.q_size))
