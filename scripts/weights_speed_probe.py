@@ -10,6 +10,7 @@ load average with every figure.
     .venv/bin/python scripts/weights_speed_probe.py kernels --threads 1
     .venv/bin/python scripts/weights_speed_probe.py attention --threads 1 --ctx 170 --prefill 1024 --baseline F
     .venv/bin/python scripts/weights_speed_probe.py prefill-matmul --threads 1 --rows 512
+    .venv/bin/python scripts/weights_speed_probe.py profile --threads 1 --reps 10
 """
 
 from __future__ import annotations
@@ -135,23 +136,72 @@ def prefill_matmul(rows: int, reps: int) -> None:
           f"MKL {total['mkl'] * LAYERS:.2f} s; {torch.get_num_threads()} threads, {load()}")
 
 
+def profile_decode(steps: int, weights: str) -> None:
+    """The default model's decode steps after a 128-token prompt: torch.profiler's top ops, then wall time per
+    part (each linear kind, attention, the head) from timing wrappers."""
+    from torch.profiler import profile
+
+    from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
+    from hafiza.models import llama, load_model
+    from hafiza.models.loader import default_model_path
+
+    loaded = load_model(default_model_path(), device="cpu", weights=weights)
+    model = loaded.model
+    engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB", enable_prefix_caching=False))
+    ids = loaded.tokenizer.encode("A transformer keeps the keys and values of every token it has read. " * 20)[:128]
+    spent: dict[str, float] = {}
+
+    def timed(name: str, f: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def run(*args: object) -> torch.Tensor:
+            t = time.perf_counter()
+            out = f(*args)
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+            return out
+        return run
+
+    def decode(n: int) -> float:
+        engine.add_request(ids, SamplingParams(max_tokens=n + 1, temperature=0, ignore_eos=True))
+        engine.step()  # the prompt
+        spent.clear()
+        t = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        return time.perf_counter() - t
+
+    decode(2)
+    with profile() as prof:
+        decode(steps)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    for lw in model.layers:
+        for kind in ("qkv", "o", "gate_up", "down"):
+            setattr(lw, kind, timed(kind, getattr(lw, kind)))
+    model.logits = timed("head", model.logits)
+    llama.paged_attention = timed("attention", llama.paged_attention)
+    secs = decode(steps)
+    parts = ", ".join(f"{k} {v / steps * 1e3:.1f}" for k, v in spent.items())
+    print(f"decode step {secs / steps * 1e3:.1f} ms: {parts} ms; {torch.get_num_threads()} threads, {load()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("probe", choices=["kernels", "attention", "prefill-matmul"])
+    ap.add_argument("probe", choices=["kernels", "attention", "prefill-matmul", "profile"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--ctx", type=int, default=170)
     ap.add_argument("--prefill", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--baseline", default=None)
+    ap.add_argument("--weights", default="auto")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.probe == "kernels":
         kernels(a.reps)
     elif a.probe == "attention":
         attention_probe(a.ctx, a.prefill, a.reps, a.baseline)
-    else:
+    elif a.probe == "prefill-matmul":
         prefill_matmul(a.rows, max(1, a.reps // 3))
+    else:
+        profile_decode(a.reps, a.weights)
 
 
 if __name__ == "__main__":
