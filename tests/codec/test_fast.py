@@ -3,6 +3,8 @@ packing of every length, odd shapes, and a damaged payload."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
@@ -100,6 +102,15 @@ def test_an_escape_pointing_past_the_chunk_is_refused() -> None:
     data[-6:-2] = (64 * 16).to_bytes(4, "little")  # its position (the payload ends with position, pattern)
     with pytest.raises(ChecksumError, match="escape points at value 1024 of 1024"):
         decode(bytes(data))
+
+
+def test_threads_decoding_at_once_each_get_the_exact_tensor() -> None:
+    """Each thread has its own zstd decompressor (one is not safe to share)."""
+    xs = [_values(np.random.default_rng(s).integers(0, 2, (2, 300, 24)).astype(np.float64), s) for s in range(4)]
+    blobs = [encode(x, CTX) for x in xs]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda i: [decode(blobs[i]) for _ in range(20)], range(4)))
+    assert all(same_bits(y, xs[i]) for i, ys in enumerate(outs) for y in ys)
 
 
 def test_warm_up_loads_the_kernel() -> None:
