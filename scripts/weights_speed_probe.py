@@ -11,6 +11,7 @@ load average with every figure.
     .venv/bin/python scripts/weights_speed_probe.py attention --threads 1 --ctx 170 --prefill 1024 --baseline F
     .venv/bin/python scripts/weights_speed_probe.py prefill-matmul --threads 1 --rows 512
     .venv/bin/python scripts/weights_speed_probe.py profile --threads 1 --reps 10
+    .venv/bin/python scripts/weights_speed_probe.py batch --threads 1 --reps 2 --new-tokens 16 --streams 16
 """
 
 from __future__ import annotations
@@ -182,9 +183,26 @@ def profile_decode(steps: int, weights: str) -> None:
     print(f"decode step {secs / steps * 1e3:.1f} ms: {parts} ms; {torch.get_num_threads()} threads, {load()}")
 
 
+def batch(reps: int, new_tokens: int, streams: int) -> None:
+    """`hafiza bench batch`'s workload at `streams` streams, --weights auto and fp32 interleaved, medians."""
+    from hafiza.bench.engine_benches import bench_batch
+    from hafiza.models import load_model
+    from hafiza.models.loader import default_model_path
+
+    models = {w: load_model(default_model_path(), device="cpu", weights=w) for w in ("auto", "fp32")}
+    got: dict[str, list[float]] = {w: [] for w in models}
+    for _ in range(reps):
+        for w, loaded in models.items():
+            got[w].append(bench_batch(loaded, [streams], new_tokens)["results"][0]["tokens_per_s"])
+            print(f"{w}: {got[w][-1]:.2f} tok/s, {load()}", flush=True)
+    med = {w: statistics.median(v) for w, v in got.items()}
+    print(f"{streams} streams, {new_tokens} tokens each, medians of {reps}: auto {med['auto']:.2f}, fp32 "
+          f"{med['fp32']:.2f} tok/s (auto/fp32 {med['auto'] / med['fp32']:.2f}); {torch.get_num_threads()} threads")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("probe", choices=["kernels", "attention", "prefill-matmul", "profile"])
+    ap.add_argument("probe", choices=["kernels", "attention", "prefill-matmul", "profile", "batch"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--ctx", type=int, default=170)
@@ -192,6 +210,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--weights", default="auto")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--streams", type=int, default=16)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.probe == "kernels":
@@ -200,8 +220,10 @@ def main() -> None:
         attention_probe(a.ctx, a.prefill, a.reps, a.baseline)
     elif a.probe == "prefill-matmul":
         prefill_matmul(a.rows, max(1, a.reps // 3))
-    else:
+    elif a.probe == "profile":
         profile_decode(a.reps, a.weights)
+    else:
+        batch(a.reps, a.new_tokens, a.streams)
 
 
 if __name__ == "__main__":
