@@ -93,3 +93,22 @@ def test_matches_softmax_attention() -> None:
     causal = torch.ones(70, 70, dtype=torch.bool).tril()
     want = (scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v.permute(1, 0, 2)[:, None])
     torch.testing.assert_close(got, want.permute(2, 0, 1, 3).reshape(70, HKV * GROUP, DIM), rtol=1e-5, atol=1e-5)
+
+
+def test_a_span_of_several_query_chunks_matches_its_decodes() -> None:
+    """Past QUERY_CHUNK queries each chunk stops at its last visible key tile; every token keeps its decode's bits."""
+    n = 600  # three chunks of 256 queries
+    blocks = -(-n // BS)
+    pool = FullPrecisionKV(KVLayout(1, blocks, BS, HKV, DIM, "fp32", torch.float32), torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(n, HKV * GROUP, DIM, generator=g)
+    k, v = torch.randn(n, HKV, DIM, generator=g), torch.randn(n, HKV, DIM, generator=g)
+    table = list(range(blocks))[::-1]
+    pool.write(0, torch.tensor([table[p // BS] * BS + p % BS for p in range(n)]), k, v)
+    meta = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long))
+    meta.prefills.append(PrefillSpan(0, n, n, block_table=torch.tensor(table)))
+    whole = paged_attention(0, q, k, v, pool, meta)
+    fresh = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long), prefills=[PrefillSpan(0, n, n)])
+    assert torch.equal(paged_attention(0, q, k, v, pool, fresh), whole)
+    positions = [0, 63, 255, 256, 300, 511, 512, 599]
+    assert torch.equal(decodes(pool, table, q, positions), whole[positions])
