@@ -66,6 +66,7 @@ class Sample:
     redis_tokens: int
     computed_tokens: int
     decision: str
+    why: str = ""  # the cost model's reason (the header's `why=`)
 
 
 @dataclass
@@ -143,6 +144,10 @@ def summarize(run: CodecRun, reference: dict[Request, str], tier_bytes: int, wor
                                    if run.metrics.get("puts") else None),
         "decisions": {k[len("decision_"):]: v for k, v in run.metrics.items() if k.startswith("decision_") and v},
         "pool_tokens_per_request": sum(s.pool_tokens for s in run.samples) / n,
+        "samples": [{"prefix": s.request.prefix, "question": s.request.question, "ttft_s": s.ttft_s,
+                     "pool_tokens": s.pool_tokens, "redis_tokens": s.redis_tokens,
+                     "computed_tokens": s.computed_tokens, "decision": s.decision, "why": s.why}
+                    for s in run.samples],
         "requests": n, "identical": not mismatched, "mismatched_requests": mismatched,
     }
 
@@ -366,7 +371,8 @@ def run(cfg: Config, logdir: Path) -> dict[str, Any]:
                     ttft, text, header = pair[j % 2].ask(messages_of(texts, r), cfg.max_tokens)
                     t = parse_tiers(header)
                     run_.samples.append(Sample(r, ttft, text, int(t.get("pool", 0)), int(t.get("redis", 0)),
-                                               int(t.get("computed", 0)), t.get("decision", "")))
+                                               int(t.get("computed", 0)), t.get("decision", ""),
+                                               header.split("; why=", 1)[1] if "; why=" in header else ""))
                     keys, extra = redis_hashes(client)
                     if extra is not None and not prefix_hashes:
                         fp, kv_dtype, block_size = extra

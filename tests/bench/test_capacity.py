@@ -70,7 +70,7 @@ def test_tiers_header_and_metrics_parsing() -> None:
 
 def test_summary_rows() -> None:
     a, b = Request(0, 0), Request(1, 2)
-    run = CodecRun("zstd", samples=[Sample(a, 1.0, "yes", 0, 240, 20, "load"),
+    run = CodecRun("zstd", samples=[Sample(a, 1.0, "yes", 0, 240, 20, "load", "load: 1 MB from redis"),
                                     Sample(b, 3.0, "no", 16, 0, 260, "miss")],
                    held=[1, 2, 3], metrics={"read_bytes": 600.0, "written_bytes": 200.0, "puts": 4.0,
                                             "decision_load": 1.0, "decision_predict": 0.0})
@@ -84,6 +84,8 @@ def test_summary_rows() -> None:
     assert row["prefixes_held"] == 2.0
     assert row["decisions"] == {"load": 1.0}
     assert row["identical"] is True
+    assert [x["why"] for x in row["samples"]] == ["load: 1 MB from redis", ""]
+    assert row["samples"][0]["redis_tokens"] == 240 and row["samples"][1]["decision"] == "miss"
     for key in ("codec", "tier_bytes", "working_set_bytes", "predictor_cpu_s"):
         assert key in row
     wrong = summarize(run, {a: "yes", b: "different"}, tier_bytes=100, working_set_bytes=500)
