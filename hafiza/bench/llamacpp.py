@@ -171,6 +171,7 @@ def bench_servers(model: Path, cfg: serve_bench.Config, kinds: list[str], binary
                      **{k: v for k, v in res.items() if k != "turns"}})
     except Exception as exc:
         rows.append({"system": "hafiza serve (OpenAI API)", "error": _short(exc)})
+    print(server_line(rows[-1]), flush=True)
     for kind in kinds:
         label = (f"llama.cpp llama-server ({slots} parallel slots)" if kind == "binary"
                  else "llama.cpp `python -m llama_cpp.server` (1 slot: one request at a time)")
@@ -182,12 +183,21 @@ def bench_servers(model: Path, cfg: serve_bench.Config, kinds: list[str], binary
                          **{k: v for k, v in res.items() if k != "turns"}})
         except Exception as exc:
             rows.append({"system": label, "error": _short(exc)})
+        print(server_line(rows[-1]), flush=True)
     note = (f"{cfg.sessions} sessions x {cfg.turns} turns, {cfg.system_words}-word shared system prompt, "
             f"{cfg.max_tokens}-token greedy replies, OpenAI API with streaming")
     if "binary" not in kinds:
         note += ("; no llama-server binary was found (--llama-server, $HAFIZA_LLAMA_SERVER or PATH), so llama.cpp "
                  "ran only as llama-cpp-python's server, which has no parallel slots")
     return {"config": asdict(cfg), "note": note, "rows": rows}
+
+
+def server_line(row: dict[str, Any]) -> str:
+    """One server's figures as soon as its load is done, so a run stopped later still leaves them in its log."""
+    if "error" in row:
+        return f"  {row['system']}: {row['error']}"
+    return (f"  {row['system']}: {row['aggregate_tok_s']:.2f} output tok/s, TTFT p50 {row['ttft_p50_s']:.2f} s, "
+            f"p99 {row['ttft_p99_s']:.2f} s, {row['requests']} requests in {row['wall_s']:.0f} s")
 
 
 def _short(exc: Exception) -> str:

@@ -24,14 +24,17 @@ def test_the_server_command_carries_weights_before_the_extra_arguments() -> None
 
 
 @pytest.mark.timeout(900)
-def test_the_server_load_starts_hafiza_with_the_benchmarks_weights(tmp_path: Path) -> None:
-    """bench_servers used to rebuild the config and drop everything but the load's sizes."""
+def test_the_server_load_starts_hafiza_with_the_benchmarks_weights(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """bench_servers used to rebuild the config and drop everything but the load's sizes; each server's figures
+    are printed as soon as its load is done."""
     cfg = serve_bench.Config(sessions=2, turns=1, max_tokens=2, system_words=20, api="openai", weights="q8")
     out = llamacpp.bench_servers(default_model_path(), cfg, [], None, 2, 1, tmp_path)
     [row] = out["rows"]
     assert "error" not in row, row
     assert "--weights q8" in row["command"] and row["weights"] == "q8"
     assert row["requests"] == 2 and row["output_tokens"] >= 2 and row["aggregate_tok_s"] > 0
+    assert f"hafiza serve (OpenAI API): {row['aggregate_tok_s']:.2f} output tok/s" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("bench", ["serve", "llamacpp"])
