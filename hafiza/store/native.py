@@ -61,14 +61,8 @@ class CodePredictor(BlockPredictor):
         self.native = native
 
     def bind(self, fmt: BitFormat, shape: tuple[int, ...], context: CodecContext) -> BoundPredictor:
-        self.input_digest(context)
-        ids = [int(i) for i in context.token_ids or ()]
-        bs = self.kv.block_size
-        if not ids or len(ids) % bs:
-            raise ContextError(f"a block's prefix must be a whole number of {bs}-token blocks, not {len(ids)} tokens")
-        block = self.kv.blocks(ids, len(ids) // bs - 1, 1)[0]  # [layers, 2, bs, heads, dim] fp32
-        codes = predicted_codes(block, self.native)
-        pred = codes.permute(2, 0, 1, 3, 4).reshape(bs, -1)
+        codes = predicted_codes(self.predicted_block(context), self.native)
+        pred = codes.permute(2, 0, 1, 3, 4).reshape(self.kv.block_size, -1)
         if tuple(pred.shape) != tuple(shape) or pred.dtype != fmt.torch_dtype:
             raise ContextError(f"predicted codes {tuple(pred.shape)} {pred.dtype}, block codes {tuple(shape)} "
                                f"{fmt.torch_dtype}")

@@ -145,14 +145,18 @@ class BlockPredictor(SpeculativePredictor):
     def fingerprint(self) -> bytes:
         return self._fingerprint
 
-    def bind(self, fmt: BitFormat, shape: tuple[int, ...], context: CodecContext) -> BoundPredictor:
+    def predicted_block(self, context: CodecContext) -> torch.Tensor:
+        """The predicted K/V [layers, 2, bs, heads, dim] of the last block of `context.token_ids` (checked first)."""
         self.input_digest(context)
         ids = [int(i) for i in context.token_ids or ()]
         bs = self.kv.block_size
         if not ids or len(ids) % bs:
             raise ContextError(f"a block's prefix must be a whole number of {bs}-token blocks, not {len(ids)} tokens")
-        block = self.kv.blocks(ids, len(ids) // bs - 1, 1)[0]
-        pred = block.permute(2, 0, 1, 3, 4).reshape(bs, -1)
+        return self.kv.blocks(ids, len(ids) // bs - 1, 1)[0]
+
+    def bind(self, fmt: BitFormat, shape: tuple[int, ...], context: CodecContext) -> BoundPredictor:
+        block = self.predicted_block(context)
+        pred = block.permute(2, 0, 1, 3, 4).reshape(self.kv.block_size, -1)
         if tuple(pred.shape) != tuple(shape):
             raise ContextError(f"prediction shape {tuple(pred.shape)} but block shape {tuple(shape)}")
         ordered = fmt.to_ordered(tensor_bits(pred.to(fmt.torch_dtype).contiguous())).astype(np.int64)
