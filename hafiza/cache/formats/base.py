@@ -162,3 +162,21 @@ class PoolFormat(ABC):
     def _zeros(self, *shape: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """One zero tensor per layer."""
         return [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.layout.num_layers)]
+
+
+class ScaledCodesFormat(PoolFormat):
+    """A pool whose layers hold codes `kq`/`vq` and scales `ks`/`vs` per layer (fp8, int8): its native block is
+    the stacked codes plus both scales, as stored."""
+
+    kq: list[torch.Tensor]
+    vq: list[torch.Tensor]
+    ks: list[torch.Tensor]
+    vs: list[torch.Tensor]
+
+    def _native(self, layer: int, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"codes": torch.stack([self.kq[layer][idx], self.vq[layer][idx]]),
+                "k_scale": self.ks[layer][idx], "v_scale": self.vs[layer][idx]}
+
+    def _store_native(self, layer: int, idx: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        self.kq[layer][idx], self.vq[layer][idx] = parts["codes"][0], parts["codes"][1]
+        self.ks[layer][idx], self.vs[layer][idx] = parts["k_scale"], parts["v_scale"]

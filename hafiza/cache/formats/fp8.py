@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from hafiza.cache.codes import FP8, FP8_MAX, fp8_decode, fp8_encode, pow2_scale
-from hafiza.cache.formats.base import PoolFormat
+from hafiza.cache.formats.base import ScaledCodesFormat
 from hafiza.cache.formats.native import PartSpec
 from hafiza.cache.layout import KVLayout
 from hafiza.cache.memory import kv_bytes_per_token
 
 
-class Fp8KV(PoolFormat):
+class Fp8KV(ScaledCodesFormat):
     """Per layer: codes e4m3 [blocks, bs, Hkv, d] and scales fp32 [blocks, Hkv], for K and for V.
 
     A block's scale is set by its first write (amax x `headroom`, rounded up to a power of two). A later
@@ -68,11 +68,3 @@ class Fp8KV(PoolFormat):
     def native_spec(self) -> PartSpec:
         bs, h, d = self.layout.block_size, self.layout.num_kv_heads, self.layout.head_dim
         return {"codes": ((bs, h, d), FP8), "k_scale": ((h,), torch.float32), "v_scale": ((h,), torch.float32)}
-
-    def _native(self, layer: int, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"codes": torch.stack([self.kq[layer][idx], self.vq[layer][idx]]),
-                "k_scale": self.ks[layer][idx], "v_scale": self.vs[layer][idx]}
-
-    def _store_native(self, layer: int, idx: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
-        self.kq[layer][idx], self.vq[layer][idx] = parts["codes"][0], parts["codes"][1]
-        self.ks[layer][idx], self.vs[layer][idx] = parts["k_scale"], parts["v_scale"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from hafiza.cache.codes import int8_dequantize, int8_quantize
-from hafiza.cache.formats.base import PoolFormat
+from hafiza.cache.formats.base import ScaledCodesFormat
 from hafiza.cache.formats.native import PartSpec
 from hafiza.cache.layout import KVLayout
 from hafiza.cache.memory import kv_bytes_per_token
 
 
-class Int8KV(PoolFormat):
+class Int8KV(ScaledCodesFormat):
     """Per layer: codes int8 [blocks, bs, Hkv, d] and scales fp16 [blocks, bs, Hkv], for K and for V."""
 
     kv_dtypes = ("int8",)
@@ -47,11 +47,3 @@ class Int8KV(PoolFormat):
         bs, h, d = self.layout.block_size, self.layout.num_kv_heads, self.layout.head_dim
         return {"codes": ((bs, h, d), torch.int8), "k_scale": ((bs, h), torch.float16),
                 "v_scale": ((bs, h), torch.float16)}
-
-    def _native(self, layer: int, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"codes": torch.stack([self.kq[layer][idx], self.vq[layer][idx]]),
-                "k_scale": self.ks[layer][idx], "v_scale": self.vs[layer][idx]}
-
-    def _store_native(self, layer: int, idx: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
-        self.kq[layer][idx], self.vq[layer][idx] = parts["codes"][0], parts["codes"][1]
-        self.ks[layer][idx], self.vs[layer][idx] = parts["k_scale"], parts["v_scale"]
