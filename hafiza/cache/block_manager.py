@@ -9,7 +9,8 @@ unpinned block is left — so a running request never deadlocks on pins, and the
 A cached block knows its place in its prefix chain (`parent`: the previous block's hash, `position`: its block
 index), so the cached prefixes can be listed from the pool alone (`chains`). Admission is `match_prefix` (a
 `PrefixMatch`, no side effects) then `admit` (an `Allocation`, or None when it does not fit); the block manager
-counts its own prefix-cache queries and hits there and in `cache_loaded`.
+counts its own prefix-cache queries and hits there and in `cache_loaded`. An `events` sink (optional) hears of
+every block registered (with its cache partition) and every cached block evicted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from hafiza.cache.events import BlockEventSink
 
 log = logging.getLogger("hafiza.cache")
 
@@ -106,10 +110,11 @@ class BlockManager:
     """Allocation, prefix matching, caching, pinning and freeing of KV blocks. Not thread-safe: one engine
     thread owns it."""
 
-    def __init__(self, num_blocks: int, block_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, num_blocks: int, block_size: int, clock: Callable[[], float] = time.monotonic,
+                 events: BlockEventSink | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("a block pool needs at least one block of at least one token")
-        self.block_size, self.clock = block_size, clock
+        self.block_size, self.clock, self.events = block_size, clock, events
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.free_pinned: OrderedDict[int, None] = OrderedDict()
@@ -196,16 +201,19 @@ class BlockManager:
     def _evict(self, block: Block) -> None:
         if self.hash_to_block.get(block.hash or "") == block.block_id:
             del self.hash_to_block[block.hash]  # type: ignore[arg-type]
+            if self.events is not None:
+                self.events.evicted(block.hash)  # type: ignore[arg-type]
         block.hash, block.token_ids, block.pin_expiry, block.pin_ttl = None, (), 0.0, 0.0
         block.parent, block.position, block.uses, block.last_used = None, 0, 0, 0.0
         self.evictions += 1
 
     def cache_block(self, block_id: int, block_hash: str, token_ids: Sequence[int], parent: str | None = None,
-                    position: int = 0) -> bool:
+                    position: int = 0, partition: str | None = None) -> bool:
         """Register a now-full block under its chained hash so later requests can hit it; `parent` is the hash
         of the block before it in its chain (None for a chain's first block, at `position` 0). Returns whether it
         was registered: an already cached block, or content another block already holds (computed twice
-        concurrently: the first is kept and counted as used once more), is not."""
+        concurrently: the first is kept and counted as used once more), is not. `partition` is the chain's cache
+        partition (None: shared), told to the events sink."""
         if (parent is None) != (position == 0):
             raise ValueError(f"a chain's block at position {position} needs a parent hash exactly when position > 0")
         block = self.blocks[block_id]
@@ -219,22 +227,24 @@ class BlockManager:
         block.hash, block.token_ids, block.parent, block.position = block_hash, tuple(token_ids), parent, position
         block.uses, block.last_used = 1, now
         self.hash_to_block[block_hash] = block_id
+        if self.events is not None:
+            self.events.registered(block_hash, parent, block.token_ids, partition)
         return True
 
     def cache_chain(self, block_ids: Sequence[int], hashes: Sequence[str], token_ids: Sequence[int], start: int,
-                    end: int) -> int:
+                    end: int, partition: str | None = None) -> int:
         """Register the full blocks `start`..`end - 1` of one chain: block i holds
-        `token_ids[i * block_size : (i + 1) * block_size]` in `block_ids[i]` under `hashes[i]`. Returns how many
-        were registered."""
+        `token_ids[i * block_size : (i + 1) * block_size]` in `block_ids[i]` under `hashes[i]`, in cache
+        partition `partition`. Returns how many were registered."""
         bs = self.block_size
         return sum(self.cache_block(block_ids[i], hashes[i], token_ids[i * bs : (i + 1) * bs],
-                                    hashes[i - 1] if i else None, i) for i in range(start, end))
+                                    hashes[i - 1] if i else None, i, partition) for i in range(start, end))
 
     def cache_loaded(self, block_ids: Sequence[int], hashes: Sequence[str], token_ids: Sequence[int], start: int,
-                     end: int) -> None:
+                     end: int, partition: str | None = None) -> None:
         """`cache_chain` for blocks a tier below the pool just filled: their tokens count as prefix-cache hits
         (the request did not compute them)."""
-        self.cache_chain(block_ids, hashes, token_ids, start, end)
+        self.cache_chain(block_ids, hashes, token_ids, start, end, partition)
         self.prefix_cache_hits += (end - start) * self.block_size
 
     def chains(self) -> list[ChainLink]:

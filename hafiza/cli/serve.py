@@ -100,6 +100,14 @@ def serve(
                                  ] = None,
     store_write_back: Annotated[bool, typer.Option(
         help="Write blocks to RAM first, to disk/Redis on eviction and at shutdown (needs --store-ram).")] = False,
+    kv_events: Annotated[str | None, typer.Option(
+        metavar="ENDPOINT",
+        help="Publish KV cache events (vLLM's format, 16-token blocks) on a ZMQ PUB socket, e.g. "
+             "tcp://127.0.0.1:5557, for vllm-router's kv_aware policy.")] = None,
+    kv_events_replay: Annotated[str | None, typer.Option(
+        metavar="ENDPOINT",
+        help="ZMQ ROUTER socket where a subscriber that missed KV events asks for them again (needs --kv-events).")
+                                ] = None,
 ) -> None:
     """Serve the model over HTTP until interrupted."""
     import uvicorn
@@ -119,6 +127,11 @@ def serve(
         raise HafizaError("--max-messages, --max-prompt-chars, --header-timeout and --body-timeout must be positive")
     if (max_waiting is not None and max_waiting < 0) or (max_queue_time is not None and not max_queue_time > 0):
         raise HafizaError("--max-waiting must be >= 0 and --max-queue-time > 0")
+    if kv_events_replay is not None and kv_events is None:
+        raise HafizaError("--kv-events-replay needs --kv-events")
+    if kv_events is not None and block_size % 16:
+        raise HafizaError(f"--kv-events announces blocks of 16 tokens, as vLLM does: --block-size {block_size} "
+                          f"must be a multiple of 16")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     security = _security(host, api_key, api_keys_file, admin_key, shared_cache, explain_details, allowed_host,
                          cors_origin, metrics_auth, dashboard_auth)
@@ -130,7 +143,12 @@ def serve(
                           eviction=eviction, kv_budget_tokens=kv_budget_tokens)
     aengine = build_engine(model, device, dtype, config, max_waiting, max_queue_time, weights=weights)
     connector = _connect_store(aengine.engine, store)
+    events = None
     try:
+        if kv_events is not None:
+            from hafiza.server.kv_events import publish_kv_events
+
+            events = publish_kv_events(aengine.engine, kv_events, kv_events_replay)
         lm = aengine.engine.loaded
         name = model_name or served_name(lm)
         aliases = tuple(a for a in (served_name(lm), lm.name) if a != name)
@@ -147,6 +165,8 @@ def serve(
         uvicorn.Server(uvicorn_config(app, host, port, log_level.lower(), header_timeout)).run()
     finally:
         aengine.shutdown()
+        if events is not None:
+            events.close()
         if connector is not None:
             connector.close()
 

@@ -470,7 +470,8 @@ class LLMEngine:
             return
         if full > seq.num_registered_blocks:
             hashes = seq.hashes(bs)
-            self.blocks.cache_chain(seq.block_table, hashes, seq.token_ids, seq.num_registered_blocks, full)
+            self.blocks.cache_chain(seq.block_table, hashes, seq.token_ids, seq.num_registered_blocks, full,
+                                   seq.partition)
             if self.connector is not None:
                 for b in range(seq.num_registered_blocks, full):
                     self.connector.save(hashes[b], seq.block_table[b])

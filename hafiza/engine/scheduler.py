@@ -252,7 +252,8 @@ class Scheduler:
         loaded = TierLoad()
         if tiers.num_blocks and tiers.hit is not None and self.connector is not None:
             loaded = self.connector.load(tiers.hit, alloc.fresh[: tiers.num_blocks])
-            self.blocks.cache_loaded(alloc.block_ids, hashes, seq.token_ids, start, start + loaded.num_blocks)
+            self.blocks.cache_loaded(alloc.block_ids, hashes, seq.token_ids, start, start + loaded.num_blocks,
+                                     seq.partition)
             cached = start + loaded.num_blocks
             num_new = min(seq.num_tokens - cached * bs, budget, len(alloc.block_ids) * bs - cached * bs)
         return Registration(start + loaded.num_blocks, num_new, self._outcome(start, tiers, loaded))

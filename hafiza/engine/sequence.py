@@ -73,6 +73,11 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
 
     @property
+    def partition(self) -> str | None:
+        """The cache partition (an API key's and/or a cache_salt's; None: shared): the engine's last extra key."""
+        return self.extra_keys[-1] if self.extra_keys else None
+
+    @property
     def group_id(self) -> str:
         """The id the caller knows: the request's, shared by its n choices."""
         return self.parent_id or self.request_id
