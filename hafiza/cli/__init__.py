@@ -21,7 +21,8 @@ app.add_typer(bench_app, name="bench")
 def _register() -> None:
     from hafiza.cli import generate, memory  # noqa: F401  (modules register their commands on import)
 
-    for optional in ("hafiza.cli.serve", "hafiza.cli.codec", "hafiza.cli.top", "hafiza.bench.commands"):
+    for optional in ("hafiza.cli.serve", "hafiza.cli.cluster", "hafiza.cli.codec", "hafiza.cli.top",
+                     "hafiza.bench.commands"):
         try:
             __import__(optional)
         except ModuleNotFoundError as exc:
