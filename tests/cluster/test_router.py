@@ -1,0 +1,71 @@
+"""The real vllm-router (kv_aware, KV events) in front of 2 real hafiza servers sharing a real redis-server,
+driven with the openai client: affinity, the same answer as a direct request, and failover."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from hafiza.cli.cluster import Cluster, Layout
+from tests.support.redis_server import redis_available
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")]
+
+SYSTEM = "You are a careful assistant who answers in one short sentence. " * 8
+
+
+def prompt_tokens(url: str) -> float:
+    """The worker's finished requests' prompt tokens, from its /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    m = re.search(r"^\S*prompt_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    assert m, "no prompt_tokens_total in /metrics"
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    layout = Layout.on_free_ports(2, worker_args=("--kv-memory", "256MiB"))
+    running = Cluster(layout, Path(tmp_path_factory.mktemp("cluster"))).start()
+    yield running
+    running.stop()
+
+
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def test_all_users_of_one_system_prompt_land_on_one_worker(cluster: Cluster) -> None:
+    workers = [w.url for w in cluster.layout.workers]
+    before = [prompt_tokens(u) for u in workers]
+    router = client(cluster.layout.url)
+    for user in range(4):
+        router.completions.create(model="hafiza", prompt=f"{SYSTEM}\nUser {user}: hello", max_tokens=2,
+                                  temperature=0)
+    grew = [prompt_tokens(u) > b for u, b in zip(workers, before, strict=True)]
+    assert grew.count(True) == 1, f"the 4 requests of one prompt went to {grew.count(True)} workers"
+
+
+def test_through_the_router_the_answer_and_usage_equal_a_direct_request(cluster: Cluster) -> None:
+    body = {"model": "hafiza", "prompt": f"{SYSTEM}\nUser: name a colour", "max_tokens": 6, "temperature": 0}
+    routed = client(cluster.layout.url).completions.create(**body)
+    direct = client(cluster.layout.workers[0].url).completions.create(**body)
+    assert routed.choices[0].text == direct.choices[0].text
+    assert routed.usage.prompt_tokens == direct.usage.prompt_tokens  # type: ignore[union-attr]
+    assert routed.usage.completion_tokens == direct.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_a_killed_worker_leaves_every_request_answered(cluster: Cluster) -> None:
+    router = client(cluster.layout.url)
+    first = router.completions.create(model="hafiza", prompt=f"{SYSTEM}\nUser: hi", max_tokens=3, temperature=0)
+    victim = cluster.procs[1]  # worker 0: procs are redis, worker0, worker1, router
+    victim.kill()
+    victim.wait()
+    answers = [router.completions.create(model="hafiza", prompt=f"{SYSTEM}\nUser: hi", max_tokens=3,
+                                         temperature=0).choices[0].text for _ in range(4)]
+    assert answers == [first.choices[0].text] * 4
