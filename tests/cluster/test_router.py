@@ -8,7 +8,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import pytest
+import zmq
 from openai import OpenAI
 
 from hafiza.cli.cluster import Cluster, Layout
@@ -40,15 +42,50 @@ def client(url: str) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
-def test_all_users_of_one_system_prompt_land_on_one_worker(cluster: Cluster) -> None:
+def announced_blocks(replay_port: int) -> int:
+    """The most 16-token blocks one BlockStored event of the worker announced so far (asked on its replay socket)."""
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://127.0.0.1:{replay_port}")
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    most = 0
+    try:
+        while dealer.poll(5_000):
+            _, _topic, seq, payload = dealer.recv_multipart()
+            if seq == (-1).to_bytes(8, "big", signed=True):
+                return most
+            most = max([most, *(len(e["block_hashes"]) for e in msgpack.unpackb(payload)[1]
+                                if e["type"] == "BlockStored")])
+        raise AssertionError("the replay socket did not answer")
+    finally:
+        dealer.close()
+        ctx.term()
+
+
+def warm(cluster: Cluster, worker: int, system: str) -> None:
+    """Prefill `system` on one worker directly and wait until its events announced the prompt's blocks."""
+    w = cluster.layout.workers[worker]
+    before = announced_blocks(w.replay)
+    client(w.url).completions.create(model="hafiza", prompt=f"{system}\nUser: warm up", max_tokens=1, temperature=0)
+    while announced_blocks(w.replay) <= before:
+        pass
+
+
+def test_all_users_of_one_system_prompt_land_on_the_worker_that_holds_it(cluster: Cluster) -> None:
+    first = "Rivers carry silt and stories from the hills down to the sea. " * 8
+    second = "Mountains keep their snow long after the valleys turn green. " * 8
+    warm(cluster, 1, first)  # the worker a tie between idle workers would not pick
+    warm(cluster, 0, second)
     workers = [w.url for w in cluster.layout.workers]
-    before = [prompt_tokens(u) for u in workers]
     router = client(cluster.layout.url)
-    for user in range(4):
-        router.completions.create(model="hafiza", prompt=f"{SYSTEM}\nUser {user}: hello", max_tokens=2,
-                                  temperature=0)
-    grew = [prompt_tokens(u) > b for u, b in zip(workers, before, strict=True)]
-    assert grew.count(True) == 1, f"the 4 requests of one prompt went to {grew.count(True)} workers"
+    for system, holder in ((first, 1), (second, 0)):
+        before = [prompt_tokens(u) for u in workers]
+        for user in range(3):
+            router.completions.create(model="hafiza", prompt=f"{system}\nUser {user}: hello", max_tokens=2,
+                                      temperature=0)
+        grew = [prompt_tokens(u) > b for u, b in zip(workers, before, strict=True)]
+        assert grew == [i == holder for i in range(2)], f"users of one prompt went to {grew}, not worker {holder}"
 
 
 def test_through_the_router_the_answer_and_usage_equal_a_direct_request(cluster: Cluster) -> None:
