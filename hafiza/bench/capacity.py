@@ -43,6 +43,7 @@ TEXTS = (Path("bench/texts/en_declaration_gettysburg.txt"), Path("bench/texts/de
 QUESTIONS = ("Summarize this in one line.", "What is the main topic?", "Name one key word.", "Who wrote this?",
              "Give a title.", "What comes next?")
 DEFAULT_CODECS = ("zstd", "fast", "speculative")
+NO_TIER = "none"  # a run with no Redis tier at all: the floor every tier must beat
 KEY_PREFIX = "hafiza:"
 BLOCK_SIZE = 16  # passed to every server as --block-size, so the bench can size the pool and the working set
 
@@ -114,6 +115,11 @@ def prefixes_resident(keys: set[str], prefix_hashes: Sequence[Sequence[str]]) ->
     return sum(1 for hashes in prefix_hashes if hashes and all(h in keys for h in hashes))
 
 
+def tier_tokens(tiers: dict[str, str], tier: str) -> int:
+    """Tokens a header says came from `tier`, in its own codec or its fallback codec (`redis.fast=…`)."""
+    return sum(int(v) for k, v in tiers.items() if k == tier or k.startswith(f"{tier}."))
+
+
 def parse_tiers(header: str) -> dict[str, str]:
     """`x-hafiza-tiers` as a dict (everything but the free-text `why`)."""
     head = header.split("; why=", 1)[0]
@@ -143,6 +149,7 @@ def summarize(run: CodecRun, reference: dict[Request, str], tier_bytes: int, wor
         "stored_bytes_per_block": (run.metrics.get("written_bytes", 0.0) / run.metrics["puts"]
                                    if run.metrics.get("puts") else None),
         "decisions": {k[len("decision_"):]: v for k, v in run.metrics.items() if k.startswith("decision_") and v},
+        "encodes": {k[len("encodes_"):]: v for k, v in run.metrics.items() if k.startswith("encodes_") and v},
         "pool_tokens_per_request": sum(s.pool_tokens for s in run.samples) / n,
         "samples": [{"prefix": s.request.prefix, "question": s.request.question, "ttft_s": s.ttft_s,
                      "pool_tokens": s.pool_tokens, "redis_tokens": s.redis_tokens,
@@ -160,7 +167,9 @@ def metric_values(text: str) -> dict[str, float]:
              "hafiza:store_puts_total": "puts", "hafiza:store_write_queue_depth": "queue_depth"}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "hafiza:store_decisions_total":
+            if s.name == "hafiza:store_encodes_total":
+                out[f"encodes_{s.labels['codec']}"] = out.get(f"encodes_{s.labels['codec']}", 0.0) + s.value
+            elif s.name == "hafiza:store_decisions_total":
                 out[f"decision_{s.labels['decision']}"] = out.get(f"decision_{s.labels['decision']}", 0.0) + s.value
             elif s.name in names and s.labels.get("tier", "redis") == "redis":
                 out[names[s.name]] = out.get(names[s.name], 0.0) + s.value
@@ -359,7 +368,7 @@ def run(cfg: Config, logdir: Path) -> dict[str, Any]:
     for codec in cfg.codecs:
         run_ = CodecRun(codec)
         with redis_server(tier_bytes) as (url, client):
-            args = ["--store-redis", url, "--store-redis-codec", codec]
+            args = [] if codec == NO_TIER else ["--store-redis", url, "--store-redis-codec", codec]
             with servers(logdir, codec, 2, args, kv_memory) as pair:
                 for k, s in enumerate(pair):  # warm-up, outside the workload's cache partition
                     s.ask([{"role": "user", "content": "Hello."}], 2, salt=f"warm-{k}")
@@ -370,7 +379,7 @@ def run(cfg: Config, logdir: Path) -> dict[str, Any]:
                 for j, r in enumerate(reqs):
                     ttft, text, header = pair[j % 2].ask(messages_of(texts, r), cfg.max_tokens)
                     t = parse_tiers(header)
-                    run_.samples.append(Sample(r, ttft, text, int(t.get("pool", 0)), int(t.get("redis", 0)),
+                    run_.samples.append(Sample(r, ttft, text, int(t.get("pool", 0)), tier_tokens(t, "redis"),
                                                int(t.get("computed", 0)), t.get("decision", ""),
                                                header.split("; why=", 1)[1] if "; why=" in header else ""))
                     keys, extra = redis_hashes(client)
@@ -407,7 +416,7 @@ def print_table(data: dict[str, Any]) -> None:
                         f"1/{data['working_set_bytes'] / data['tier_bytes']:.1f} of the raw working set "
                         f"{data['working_set_bytes'] / 1e6:.1f} MB")
     for col in ("codec", "KB/block", "prefixes held", "hit rate", "mean TTFT s", "p99 TTFT s", "MB moved/req",
-                "predictor s", "decisions", "identical"):
+                "predictor s", "decisions", "encodes", "identical"):
         table.add_column(col, justify="right")
     for r in data["results"]:
         per_block = r["stored_bytes_per_block"]
@@ -415,6 +424,7 @@ def print_table(data: dict[str, Any]) -> None:
                       f"{r['hit_rate']:.1%}", f"{r['mean_ttft_s']:.3f}",
                       f"{r['p99_ttft_s']:.3f}", f"{r['bytes_per_request'] / 1e6:.2f}", f"{r['predictor_cpu_s']:.1f}",
                       " ".join(f"{k}={v:.0f}" for k, v in sorted(r["decisions"].items())),
+                      " ".join(f"{k}={v:.0f}" for k, v in sorted(r.get("encodes", {}).items())),
                       "yes" if r["identical"] else f"no ({len(r['mismatched_requests'])})")
     Console(width=170).print(table)
 
@@ -424,7 +434,7 @@ def register(bench_app: typer.Typer) -> None:
     def capacity(
         json_path: Annotated[str | None, typer.Option("--json", help="Where to write the JSON results.")] = None,
         quick: Annotated[bool, typer.Option("--quick", help="Small sizes (minutes on a small CPU).")] = False,
-        codecs: Annotated[str, typer.Option(help="Redis-tier codecs to compare (comma-separated).")
+        codecs: Annotated[str, typer.Option(help="Redis-tier codecs to compare (comma-separated; `none`: no tier).")
                           ] = ",".join(DEFAULT_CODECS),
         prefixes: Annotated[int | None, typer.Option(help="Distinct prefixes (default 48; quick 12).")] = None,
         prefix_tokens: Annotated[int | None, typer.Option(help="Tokens per prefix (default 2000; quick 256).")
@@ -438,7 +448,7 @@ def register(bench_app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     ) -> None:
         """Redis-tier codecs at equal Redis memory: hit rate, TTFT, bytes moved, predictor CPU, prefixes held."""
-        names = [check_codec(x.strip()) for x in codecs.split(",") if x.strip()]
+        names = [x.strip() if x.strip() == NO_TIER else check_codec(x.strip()) for x in codecs.split(",") if x.strip()]
         if popularity not in ("zipf", "uniform"):
             raise typer.BadParameter(f"--popularity must be zipf or uniform, got {popularity!r}")
         if not 0 < tier_fraction <= 1:

@@ -89,6 +89,9 @@ class KVConnector(ABC):
         """Fill pool blocks `block_ids` with the first `len(block_ids)` blocks of `hit` (from this connector's
         `lookup`); says how many leading blocks were loaded and verified (the rest are recomputed)."""
 
+    def serving(self, busy: bool) -> None:  # noqa: B027 - optional hook
+        """A forward is about to run (True), or nothing is left to run (False): background work waits for False."""
+
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:  # noqa: B027 - optional hook
         """Measured prefill speed, for the load-versus-recompute cost model."""
 

@@ -326,7 +326,11 @@ class LLMEngine:
         A request whose forward or sampling raises finishes with `error`; its batch-mates go on unchanged."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
+            if self.connector is not None:
+                self.connector.serving(False)
             return []
+        if self.connector is not None:
+            self.connector.serving(True)
         t0 = time.perf_counter()
         rows, failed = self._forward(batch)
         sampling = [s for s in batch.seqs if s.request_id in rows]
@@ -346,6 +350,8 @@ class LLMEngine:
             out = self._advance(seq, sampled.get(seq.request_id), now)
             if out is not None:
                 outputs.append(out)
+        if self.connector is not None and not self.has_unfinished():
+            self.connector.serving(False)
         return outputs
 
     def _forward(self, batch: ScheduledBatch) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -142,6 +142,16 @@ class ConnectorCollector(Collector):
         for decision, count in s.decisions.items():
             decisions.add_metric([decision], count)
         yield decisions
+        encodes = CounterMetricFamily("hafiza:store_encodes", "Blocks encoded for the tiers, by codec (a speculative "
+                                      "tier's blocks the cost model would not load predicted are in its fallback "
+                                      "codec).", labels=["codec"])
+        for codec, count in sorted(s.encodes.items()):
+            encodes.add_metric([codec], count)
+        yield encodes
+        waits = CounterMetricFamily("hafiza:store_encode_waits", "Speculative encodes that waited for the engine "
+                                    "to go idle.")
+        waits.add_metric([], self.connector.gate.waits)
+        yield waits
         pending = GaugeMetricFamily("hafiza:store_encode_queue_bytes",
                                     "Bytes waiting in the store's write queue (raw size of blocks not yet encoded).")
         pending.add_metric([], self.connector.store.stats().queue_bytes)

@@ -34,18 +34,21 @@ from hafiza.codec.errors import PredictionMismatchError
 from hafiza.engine.connector import KVConnector, TierHit, TierLoad
 from hafiza.errors import ConfigError
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, TOKEN_CODECS, check_codec
+from hafiza.store.gate import ServingGate
 from hafiza.store.keys import block_key
 from hafiza.store.logs import store_log
 from hafiza.store.native import check_predictable, decode_native, encode_native
 from hafiza.store.redis_store import DEFAULT_TTL_S
 from hafiza.store.speculative import BlockPredictor, BlockwiseKV
-from hafiza.store.tiered import TieredStore
+from hafiza.store.tiered import Fallback, TieredStore
 
 if TYPE_CHECKING:
     from hafiza.cache.pool import KVPool
     from hafiza.engine.engine import LLMEngine
     from hafiza.models.llama import LlamaModel
 
+
+FALLBACK_CODEC = "fast"  # what a speculative tier stores a block in when the cost model would not load it predicted
 
 PinTTL = Callable[[int], "float | None"]
 BlockTokens = Callable[[int], "list[int] | None"]
@@ -60,6 +63,7 @@ class ConnectorStats:
     saves_dropped: int = 0
     encode_errors: int = 0
     encoded_blocks: int = 0
+    encodes: dict[str, int] = field(default_factory=dict)  # blocks encoded per codec (fallback codec included)
     lookups: int = 0
     loads: int = 0
     blocks_loaded: int = 0
@@ -109,11 +113,13 @@ class StoreConnector(KVConnector):
         pin_ttl: PinTTL | None = None,
         block_tokens: BlockTokens | None = None,
         target: LlamaModel | None = None,
+        gate: ServingGate | None = None,
     ) -> None:
         """Blocks are stored in the pool's native form (`pool.native_spec()`); `codec` is every tier's codec unless
         `tier_codecs` names another for a tier (by tier name). `pin_ttl(block_id)` gives the TTL of a block under
         an API cache breakpoint (None when unpinned); `block_tokens(block_id)` the prompt tokens up to the end of
-        a running block, and `target` the model whose cheaper rerun predicts K/V (both needed by `speculative`)."""
+        a running block, and `target` the model whose cheaper rerun predicts K/V (both needed by `speculative`).
+        `gate` (the engine's busy/idle state) keeps speculative encodes off the serving path."""
         self.store, self.pool = store, pool
         self.codec = check_codec(codec)
         unknown = set(tier_codecs or {}) - set(store.names)
@@ -146,12 +152,21 @@ class StoreConnector(KVConnector):
             kv = BlockwiseKV(target, self.block_size, on_run=self._observe_predict,
                              kv_dtype=pool.block_dtype)
             self.predictor = BlockPredictor(kv, f"{model_fingerprint}:{kv_dtype}")
+        self.gate = gate or ServingGate()
+        self._step_mark = self.gate.marks()
+        self.fallback = [FALLBACK_CODEC if c in TOKEN_CODECS and not store.write_back else None
+                         for c in self.codecs]
+        if any(self.fallback):
+            warm_up()
         self.stats = ConnectorStats()
-        self._stored_bytes = {c: _Average() for c in set(self.codecs)}
-        self._decode_s = {c: _Average() for c in set(self.codecs)}
+        known = set(self.codecs) | {c for c in self.fallback if c}
+        self._stored_bytes = {c: _Average() for c in known}
+        self._decode_s = {c: _Average() for c in known}
         self._lock = threading.Lock()
+        self._predict_mark = threading.local()  # the gate's mark when this thread's encode began
         self._closed = False
         store.key_of = self._tier_key
+        store.fallback_key_of = self._fallback_key
 
     @classmethod
     def for_engine(
@@ -168,10 +183,17 @@ class StoreConnector(KVConnector):
             store, engine.kv, model_fingerprint=model_fp, kv_dtype=kv_dtype,
             codec=codec, tier_codecs=tier_codecs, default_ttl_s=default_ttl_s, pin_ttl=engine_pin_ttl(engine),
             block_tokens=engine_block_tokens(engine), target=engine.runner.model,
+            gate=ServingGate(idle_check=lambda: not engine.has_unfinished()),
         )  # fmt: skip
 
     def _tier_key(self, j: int, block_hash: str) -> str:
         return block_key(block_hash, self.model_fingerprint, self.kv_dtype, self.block_size, self.codecs[j])
+
+    def _fallback_key(self, j: int, block_hash: str) -> str | None:
+        """Tier j's key for a block stored in its fallback codec (None: the tier has no fallback)."""
+        codec = self.fallback[j]
+        return None if codec is None else block_key(block_hash, self.model_fingerprint, self.kv_dtype,
+                                                    self.block_size, codec)
 
     def key(self, block_hash: str, tier: int = 0) -> str:
         """The store key of a block in a tier (default the first): its chained prefix hash qualified by model,
@@ -179,9 +201,12 @@ class StoreConnector(KVConnector):
         return self._tier_key(tier, block_hash)
 
     def _observe_predict(self, num_tokens: int, seconds: float) -> None:
+        """A predictor run's speed; a run on the writer thread while the engine served is marked contended."""
         with self._lock:
             self.stats.predictor_seconds += seconds
-        self.store.cost.observe_predict(num_tokens, seconds)
+            mark = getattr(self._predict_mark, "mark", None)
+        contended = mark is not None and ServingGate.overlapped(mark, self.gate.marks(), "serve")
+        self.store.cost.observe_predict(num_tokens, seconds, contended)
 
     def _thread_predict_s(self) -> float:
         """Seconds this thread has spent in predictor runs (decode time is measured without them)."""
@@ -216,30 +241,58 @@ class StoreConnector(KVConnector):
         return max(self.default_ttl_s, pinned or 0.0)
 
     def _encoder(self, block_hash: str, block: NativeBlocks, tokens: list[int] | None, skip_present: bool = True
-                 ) -> Callable[[int], bytes | None]:
+                 ) -> Callable[[int], bytes | Fallback | None]:
         """Tier j's bytes for a block, on the pipeline thread: None when the tier holds it already (or it cannot
-        be coded for that tier); each codec encodes once."""
+        be coded for that tier); each codec encodes once. A speculative tier gets its fallback codec's bytes
+        (`Fallback`) unless the cost model would load the block predicted."""
         blobs: dict[str, bytes | None] = {}
         skipped: list[int] = []
+        pays: list[bool] = []
 
-        def value_for(j: int) -> bytes | None:
+        def value_for(j: int) -> bytes | Fallback | None:
             if skip_present and self.store.tiers[j].contains(self._tier_key(j, block_hash)):
                 skipped.append(j)
                 if len(skipped) == len(self.store.tiers if not self.store.write_back else self.store.tiers[:1]):
                     self.stats.saves_skipped += 1
                 return None
             codec = self.codecs[j]
+            if self.fallback[j] is not None and not pays:
+                pays.append(self._predicted_load_pays(j, tokens))  # once per block, for every speculative tier
+            fallback = self.fallback[j] is not None and not pays[0]
+            if fallback:
+                codec = self.fallback[j] or codec
             if codec not in blobs:
                 blobs[codec] = self._encode(block_hash, block, codec, tokens)
-            return blobs[codec]
+            blob = blobs[codec]
+            return Fallback(blob) if fallback and blob is not None else blob
 
         return value_for
+
+    def _predicted_load_pays(self, j: int, tokens: list[int] | None) -> bool:
+        """Whether the cost model, with its current speeds, would load this block's prefix from tier j with the
+        predictor rather than recompute it: only then is the block worth a speculative encode."""
+        if not tokens:
+            return False
+        n = len(tokens) // self.block_size
+        codec = self.codecs[j]
+        with self._lock:
+            avg = self._stored_bytes[codec]
+            nbytes = int(n * (avg.value if avg.samples else self.raw_block_bytes))
+            decode_s = self._decode_s[codec].value * n
+        d = self.store.cost.decide(n * self.block_size, {self.store.names[j]: nbytes}, decode_s, n * self.block_size)
+        return d.plan == "predict"
 
     def _encode(self, block_hash: str, block: NativeBlocks, codec: str, tokens: list[int] | None) -> bytes | None:
         try:
             if codec in TOKEN_CODECS and not tokens:
                 raise ValueError("the block's tokens are unknown (its sequence is no longer running)")
-            blob = encode_native(block, codec, tokens, self.predictor)
+            if codec in TOKEN_CODECS:
+                with self.gate.encoding():  # starts only while the engine is idle
+                    self._predict_mark.mark = self.gate.marks()
+                    blob = encode_native(block, codec, tokens, self.predictor)
+                    self._predict_mark.mark = None
+            else:
+                blob = encode_native(block, codec, tokens, self.predictor)
         except Exception:
             with self._lock:
                 self.stats.encode_errors += 1
@@ -249,6 +302,7 @@ class StoreConnector(KVConnector):
         with self._lock:
             self._stored_bytes[codec].add(len(blob))
             self.stats.encoded_blocks += 1
+            self.stats.encodes[codec] = self.stats.encodes.get(codec, 0) + 1
         return blob
 
     # -- lookup and load: engine thread, at admission ------------------------------------------------------
@@ -280,20 +334,24 @@ class StoreConnector(KVConnector):
         index = {name: j for j, name in enumerate(self.store.names)}
         by_tier: dict[str, int] = {}
         decode_s, predicted = 0.0, False
+        alts = found.fallback or [False] * n
+        labels = []
         with self._lock:
-            for name, count in found.per_tier().items():
-                codec = self.codecs[index[name]]
+            for name, alt in zip(found.sources, alts, strict=True):
+                j = index[name]
+                codec = (self.fallback[j] or self.codecs[j]) if alt else self.codecs[j]
                 avg = self._stored_bytes[codec]
-                by_tier[name] = int(count * (avg.value if avg.samples else self.raw_block_bytes))
-                decode_s += self._decode_s[codec].value * count
+                by_tier[name] = by_tier.get(name, 0) + int(avg.value if avg.samples else self.raw_block_bytes)
+                decode_s += self._decode_s[codec].value
                 predicted = predicted or codec in TOKEN_CODECS
+                labels.append(f"{name}.{codec}" if alt else name)
         end = (first_block + n) * self.block_size
         if predicted and len(token_ids) < end:
             self.stats.decisions["miss"] += 1
             return TierHit(reason=f"miss: the speculative codec needs the prefix tokens, {len(token_ids)} given")
         decision = self.store.cost.decide(n * self.block_size, by_tier, decode_s, end if predicted else 0)
         self.stats.decisions[decision.plan] += 1
-        return StoreHit(tuple(hashes[:n]), tuple(found.sources[:n]), decision.load, decision.reason,
+        return StoreHit(tuple(hashes[:n]), tuple(labels), decision.load, decision.reason,
                         tuple(token_ids[:end]), first_block, decision.plan)
 
     def load(self, hit: TierHit, block_ids: Sequence[int]) -> TierLoad:
@@ -306,8 +364,9 @@ class StoreConnector(KVConnector):
         note = ""
         try:
             fetched = self.store.load(names)
+            alts = fetched.fallback or [False] * len(fetched.values)
             for i, (name, value, j) in enumerate(zip(names, fetched.values, fetched.sources, strict=False)):
-                codec = self.codecs[j]
+                codec = (self.fallback[j] or self.codecs[j]) if alts[i] else self.codecs[j]
                 prefix = tokens[: (first + i + 1) * self.block_size] if codec in TOKEN_CODECS else None
                 t0, p0 = time.perf_counter(), self._thread_predict_s()
                 try:
@@ -320,7 +379,7 @@ class StoreConnector(KVConnector):
                     self._decode_s[codec].add(max(seconds, 0.0))
                 blocks.append(block)
                 if j > 0:
-                    self.store.put_async(name, self._promoter(name, value, j, block, prefix), None,
+                    self.store.put_async(name, self._promoter(name, value, codec, block, prefix), None,
                                          raw_nbytes=self.raw_block_bytes, targets=range(j))
             if blocks:
                 self.pool.write_native(list(block_ids[: len(blocks)]), stack(blocks))
@@ -335,13 +394,13 @@ class StoreConnector(KVConnector):
             note = f"only {n} of {len(names)} blocks arrived intact, the rest were recomputed{why}"
         return TierLoad(tuple(hit.sources[:n]), note)
 
-    def _promoter(self, name: str, value: bytes, source: int, block: NativeBlocks, tokens: list[int] | None
-                  ) -> Callable[[int], bytes | None]:
+    def _promoter(self, name: str, value: bytes, source_codec: str, block: NativeBlocks, tokens: list[int] | None
+                  ) -> Callable[[int], bytes | Fallback | None]:
         """A hit's bytes for a faster tier: the same bytes where the codec is the source's, else re-encoded."""
         encode = self._encoder(name, block, tokens, skip_present=False)
 
-        def value_for(j: int) -> bytes | None:
-            return value if self.codecs[j] == self.codecs[source] else encode(j)
+        def value_for(j: int) -> bytes | Fallback | None:
+            return value if self.codecs[j] == source_codec else encode(j)
 
         return value_for
 
@@ -367,9 +426,18 @@ class StoreConnector(KVConnector):
 
     # -- engine hooks and shutdown ---------------------------------------------------------------------------
 
+    def serving(self, busy: bool) -> None:
+        """Engine thread: a forward is about to run (True) or nothing is left to run (False); speculative
+        encodes wait for False."""
+        if busy:
+            self._step_mark = self.gate.marks()
+        self.gate.serving(busy)
+
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """Measured prefill speed: the recompute side of the cost model."""
-        self.store.observe_prefill(num_tokens, seconds)
+        """Measured prefill speed: the recompute side of the cost model; a step during which an encode ran is
+        marked contended (used only until a quiet step is measured)."""
+        contended = ServingGate.overlapped(self._step_mark, self.gate.marks(), "encode")
+        self.store.cost.observe_prefill(num_tokens, seconds, contended)
 
     def flush(self, timeout_s: float = 30.0) -> bool:  # type: ignore[override]
         """Encode and write everything queued down every tier; False on timeout."""
@@ -380,6 +448,7 @@ class StoreConnector(KVConnector):
         if self._closed:
             return
         self._closed = True
+        self.gate.close()
         self.store.close(timeout_s)
 
 

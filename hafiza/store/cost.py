@@ -59,6 +59,8 @@ class CostModel:
         self._rates: dict[str, _Rate] = {}
         self._prefill = _Rate()
         self._predict = _Rate()
+        self._prefill_contended = _Rate()
+        self._predict_contended = _Rate()
         self._lock = threading.Lock()
 
     def add_tier(self, name: str, kind: str) -> None:
@@ -80,25 +82,34 @@ class CostModel:
         with self._lock:
             self._update(self._rates.setdefault(tier, _Rate()), nbytes, seconds)
 
-    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """Record one prefill of `num_tokens` that took `seconds` (the recompute alternative)."""
+    def observe_prefill(self, num_tokens: int, seconds: float, contended: bool = False) -> None:
+        """Record one prefill of `num_tokens` that took `seconds` (the recompute alternative). `contended`: the
+        store's writer was encoding meanwhile; such samples are used only until a quiet one exists."""
         if num_tokens <= 0 or seconds <= 0:
             return
         with self._lock:
-            self._update(self._prefill, num_tokens, seconds)
+            self._update(self._prefill_contended if contended else self._prefill, num_tokens, seconds)
 
-    def observe_predict(self, num_tokens: int, seconds: float) -> None:
-        """Record one predictor run over `num_tokens` that took `seconds` (the speculative codec's extra cost)."""
+    def observe_predict(self, num_tokens: int, seconds: float, contended: bool = False) -> None:
+        """Record one predictor run over `num_tokens` that took `seconds` (the speculative codec's extra cost).
+        `contended`: the engine was serving meanwhile (used only until a quiet sample exists)."""
         if num_tokens <= 0 or seconds <= 0:
             return
         with self._lock:
-            self._update(self._predict, num_tokens, seconds)
+            self._update(self._predict_contended if contended else self._predict, num_tokens, seconds)
+
+    @staticmethod
+    def _quiet_first(quiet: _Rate, contended: _Rate) -> float | None:
+        """The quiet rate once measured, else the contended one, else None."""
+        for r in (quiet, contended):
+            if r.samples:
+                return r.bytes / r.seconds
+        return None
 
     def predict_rate(self) -> float | None:
-        """Measured predictor tokens/s, or None before any measurement."""
+        """Measured predictor tokens/s (quiet samples first), or None before any measurement."""
         with self._lock:
-            p = self._predict
-            return p.bytes / p.seconds if p.samples else None
+            return self._quiet_first(self._predict, self._predict_contended)
 
     def set_prefill_rate(self, tokens_per_s: float) -> None:
         """Replace the prefill estimate with a known speed."""
@@ -106,6 +117,13 @@ class CostModel:
             raise ValueError(f"tokens_per_s={tokens_per_s} must be > 0")
         with self._lock:
             self._prefill = _Rate(tokens_per_s, 1.0, 1)
+
+    def set_predict_rate(self, tokens_per_s: float) -> None:
+        """Replace the predictor-speed estimate with a known speed."""
+        if tokens_per_s <= 0:
+            raise ValueError(f"tokens_per_s={tokens_per_s} must be > 0")
+        with self._lock:
+            self._predict = _Rate(tokens_per_s, 1.0, 1)
 
     def bandwidth(self, tier: str) -> tuple[float, bool]:
         """(bytes/s, measured?) for a tier; unmeasured tiers get their kind's default."""
@@ -116,10 +134,9 @@ class CostModel:
             return self.defaults.get(self._kinds.get(tier, ""), FALLBACK_BANDWIDTH), False
 
     def prefill_rate(self) -> float | None:
-        """Measured prefill tokens/s, or None before any measurement."""
+        """Measured prefill tokens/s (quiet samples first), or None before any measurement."""
         with self._lock:
-            p = self._prefill
-            return p.bytes / p.seconds if p.samples else None
+            return self._quiet_first(self._prefill, self._prefill_contended)
 
     def decide(self, num_tokens: int, bytes_by_tier: Mapping[str, int], decode_s: float = 0.0,
                predict_tokens: int = 0) -> LoadDecision:

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hafiza.store.base import KVStore
 from hafiza.store.cost import CostModel
@@ -37,6 +37,7 @@ class PrefixLookup:
     num_keys: int
     num_hits: int
     sources: list[str]
+    fallback: list[bool] = field(default_factory=list)  # key i was found under its tier's fallback key
 
     def per_tier(self) -> dict[str, int]:
         """How many of the leading hits each tier supplies."""
@@ -75,8 +76,17 @@ class TieredStats:
     prefill_tokens_per_s: float | None
 
 
-TierValue = Callable[[int], "bytes | None"]
+@dataclass(frozen=True)
+class Fallback:
+    """A value function's answer meaning: write these bytes under the tier's fallback key (`fallback_key_of`),
+    e.g. a block the speculative tier stores in its fallback codec."""
+
+    value: bytes
+
+
+TierValue = Callable[[int], "bytes | Fallback | None"]
 KeyOf = Callable[[int, str], str]
+FallbackKeyOf = Callable[[int, str], "str | None"]
 
 
 @dataclass
@@ -85,6 +95,7 @@ class Loaded:
 
     values: list[bytes]
     sources: list[int]
+    fallback: list[bool] = field(default_factory=list)  # value i came from its tier's fallback key
 
 
 @dataclass
@@ -96,7 +107,7 @@ class _Job:
     targets: tuple[int, ...]
     nbytes: int  # what the job holds while queued (the byte cap)
 
-    def value_for(self, j: int) -> bytes | None:
+    def value_for(self, j: int) -> bytes | Fallback | None:
         return self.value if isinstance(self.value, bytes) else self.value(j)
 
 
@@ -119,6 +130,7 @@ class TieredStore:
         max_pending_bytes: int = 256 << 20,
         cost: CostModel | None = None,
         key_of: KeyOf | None = None,
+        fallback_key_of: FallbackKeyOf | None = None,
     ):
         names = [t.name for t in tiers]
         if len(set(names)) != len(names):
@@ -129,6 +141,7 @@ class TieredStore:
             raise ValueError(f"queue_size={queue_size} must be > 0")
         self.tiers = list(tiers)
         self.key_of: KeyOf = key_of or (lambda j, name: name)
+        self.fallback_key_of: FallbackKeyOf = fallback_key_of or (lambda j, name: None)
         self.write_back = write_back and len(self.tiers) > 1
         self.cost = cost or CostModel()
         for t in self.tiers:
@@ -162,14 +175,18 @@ class TieredStore:
         """Longest leading run of `names` that some tier holds (a chain stops at its first miss)."""
         n = len(names)
         sources: list[str | None] = [None] * n
+        fallback = [False] * n
         for j, tier in enumerate(self.tiers):
-            todo = [i for i in range(n) if sources[i] is None]
-            if not todo:
-                break
-            found = self._contains_many(tier, [self.key_of(j, names[i]) for i in todo])
-            for i, hit in zip(todo, found, strict=True):
-                if hit:
-                    sources[i] = tier.name
+            for alt in (False, True):
+                todo = [i for i in range(n) if sources[i] is None]
+                keys = [self._key(j, names[i], alt) for i in todo]
+                todo = [i for i, k in zip(todo, keys, strict=True) if k is not None]
+                if not todo:
+                    continue
+                found = self._contains_many(tier, [k for k in keys if k is not None])
+                for i, hit in zip(todo, found, strict=True):
+                    if hit:
+                        sources[i], fallback[i] = tier.name, alt
         hits = next((i for i, s in enumerate(sources) if s is None), n)
         lead = [s for s in sources[:hits] if s is not None]
         with self._lock:
@@ -178,7 +195,11 @@ class TieredStore:
             self.lookup_hit_keys += hits
             for j, tier in enumerate(self.tiers):
                 self._tc[j].lookup_hits += sum(1 for s in lead if s == tier.name)
-        return PrefixLookup(num_keys=n, num_hits=hits, sources=lead)
+        return PrefixLookup(num_keys=n, num_hits=hits, sources=lead, fallback=fallback[:hits])
+
+    def _key(self, j: int, name: str, fallback: bool) -> str | None:
+        """Tier j's key for `name`, or its fallback key (None where the tier has none)."""
+        return self.fallback_key_of(j, name) if fallback else self.key_of(j, name)
 
     def load(self, names: Sequence[str]) -> Loaded:
         """Values of the leading run of `names` actually fetched (may be shorter than a lookup promised), each
@@ -186,21 +207,25 @@ class TieredStore:
         n = len(names)
         values: list[bytes | None] = [None] * n
         source = [-1] * n
+        fallback = [False] * n
         for j, tier in enumerate(self.tiers):
-            todo = [i for i in range(n) if values[i] is None]
-            if not todo:
-                break
-            t0 = time.perf_counter()
-            got = self._get_many(tier, [self.key_of(j, names[i]) for i in todo])
-            seconds = time.perf_counter() - t0
-            nbytes = 0
-            for i, v in zip(todo, got, strict=True):
-                if v is not None:
-                    values[i], source[i] = v, j
-                    nbytes += len(v)
-            self.cost.observe_load(tier.name, nbytes, seconds)
+            for alt in (False, True):
+                todo = [i for i in range(n) if values[i] is None]
+                keys = [self._key(j, names[i], alt) for i in todo]
+                todo = [i for i, k in zip(todo, keys, strict=True) if k is not None]
+                if not todo:
+                    continue
+                t0 = time.perf_counter()
+                got = self._get_many(tier, [k for k in keys if k is not None])
+                seconds = time.perf_counter() - t0
+                nbytes = 0
+                for i, v in zip(todo, got, strict=True):
+                    if v is not None:
+                        values[i], source[i], fallback[i] = v, j, alt
+                        nbytes += len(v)
+                self.cost.observe_load(tier.name, nbytes, seconds)
         hits = next((i for i, v in enumerate(values) if v is None), n)
-        return Loaded([v for v in values[:hits] if v is not None], source[:hits])
+        return Loaded([v for v in values[:hits] if v is not None], source[:hits], fallback[:hits])
 
     def _contains_many(self, tier: KVStore, keys: list[str]) -> list[bool]:
         """`tier.contains_many`, as all misses if the back end breaks its contract and raises."""
@@ -292,6 +317,10 @@ class TieredStore:
                 for j in job.targets:
                     value = job.value_for(j)
                     key = self.key_of(j, job.name)
+                    if isinstance(value, Fallback):
+                        key, value = self.fallback_key_of(j, job.name), value.value
+                        if key is None:
+                            raise ValueError(f"tier {self.tiers[j].name} has no fallback key")
                     if value is not None and self._write(j, key, value, job.ttl_s, job.raw_nbytes) \
                             and j == 0 and self.write_back:
                         with self._lock:

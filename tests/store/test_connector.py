@@ -40,7 +40,12 @@ def test_blocks_written_by_one_engine_are_loaded_by_the_next(tiny_llama: LoadedM
     b = serve(second, ids)
     assert b.tokens == a.tokens == cold(tiny_llama, ids)
     assert b.external == b.cached == (N - 1) // BS * BS
-    assert b.sources == {"disk": b.external} and b.decision.startswith("load")
+    if codec == "speculative":  # blocks the cost model would not load predicted are stored in the fallback codec
+        assert set(b.sources) <= {"disk", "disk.fast"} and sum(b.sources.values()) == b.external
+        assert sum(conn.stats.encodes.values()) == N // BS
+    else:
+        assert b.sources == {"disk": b.external}
+    assert b.decision.startswith("load")
     assert conn2 is not None and conn2.stats.blocks_loaded == (N - 1) // BS
     conn2.close()
 

@@ -13,7 +13,7 @@ from hafiza.store.cost import CostModel
 from hafiza.store.disk import DiskStore
 from hafiza.store.memory import MemoryStore
 from hafiza.store.redis_store import RedisStore
-from hafiza.store.tiered import TieredStore
+from hafiza.store.tiered import Fallback, TieredStore
 from tests.support.redis_server import RedisServer
 
 from .conftest import unique_prefix
@@ -238,3 +238,56 @@ def test_queue_is_bounded_in_bytes_too() -> None:
     assert ts.flush(timeout=30)
     assert ts.put_async("a", b"a" * 600) and ts.put_async("b", b"b" * 300)
     ts.close()
+
+
+def test_contended_speeds_do_not_change_the_decision_once_quiet_ones_are_measured() -> None:
+    """The same quiet measurements give the same plan whatever the writer did meanwhile (injected timings)."""
+    quiet, noisy = CostModel(), CostModel()
+    for cost in (quiet, noisy):
+        cost.add_tier("redis", "redis")
+        cost.observe_load("redis", 10_000_000, 0.05)
+    for tokens, seconds in ((1000, 1.0), (1000, 1.2), (500, 0.5)):
+        quiet.observe_prefill(tokens, seconds)
+        noisy.observe_prefill(tokens, seconds)
+        noisy.observe_prefill(tokens, seconds * 5, contended=True)  # the writer was encoding: prefill looks slow
+    for tokens, seconds in ((2000, 1.0), (1000, 0.5)):
+        quiet.observe_predict(tokens, seconds)
+        noisy.observe_predict(tokens, seconds)
+        noisy.observe_predict(tokens, seconds * 7, contended=True)  # the engine was serving: predictor looks slow
+    assert noisy.prefill_rate() == quiet.prefill_rate() and noisy.predict_rate() == quiet.predict_rate()
+    for n in (16, 256, 2000):
+        a = quiet.decide(n, {"redis": n * 6000}, 0.001, n)
+        b = noisy.decide(n, {"redis": n * 6000}, 0.001, n)
+        assert (a.plan, a.reason, a.load_s) == (b.plan, b.reason, b.load_s)
+
+
+def test_contended_speeds_are_used_only_until_a_quiet_one_exists() -> None:
+    cost = CostModel()
+    cost.observe_prefill(1000, 4.0, contended=True)
+    assert cost.prefill_rate() == pytest.approx(250.0)
+    cost.observe_prefill(1000, 1.0)
+    assert cost.prefill_rate() == pytest.approx(1000.0)
+    cost.observe_predict(100, 1.0, contended=True)
+    assert cost.predict_rate() == pytest.approx(100.0)
+    cost.set_predict_rate(900.0)
+    assert cost.predict_rate() == pytest.approx(900.0)
+
+
+def test_fallback_key_holds_what_the_value_function_marks_and_lookup_and_load_say_so() -> None:
+    ram = MemoryStore(1 << 20)
+    ts = TieredStore([ram], key_of=lambda j, name: f"spec:{name}",
+                     fallback_key_of=lambda j, name: f"fast:{name}")
+    assert ts.put_async("a", lambda j: b"predicted")
+    assert ts.put_async("b", lambda j: Fallback(b"plain"))
+    assert ts.flush(timeout=30)
+    assert ram.get("spec:a") == b"predicted" and ram.get("fast:b") == b"plain" and ram.get("spec:b") is None
+    found = ts.lookup_prefix(["a", "b", "c"])
+    assert (found.num_hits, found.sources, found.fallback) == (2, ["ram", "ram"], [False, True])
+    loaded = ts.load(["a", "b"])
+    assert (loaded.values, loaded.fallback) == ([b"predicted", b"plain"], [False, True])
+    bare = TieredStore([MemoryStore(1 << 20)])  # no fallback key: a Fallback value drops the job, not the writer
+    assert bare.put_async("x", lambda j: Fallback(b"v")) and bare.put_async("y", b"w")
+    assert bare.flush(timeout=30) and bare.lookup_prefix(["y"]).num_hits == 1
+    assert bare.lookup_prefix(["x"]).num_hits == 0
+    ts.close()
+    bare.close()
