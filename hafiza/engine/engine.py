@@ -21,9 +21,11 @@ from hafiza.engine.connector import KVConnector, TierOutcome
 from hafiza.engine.determinism import determinism_header, nondeterminism_reasons
 from hafiza.engine.output import TextOutput, TokenLogprob, token_logprobs
 from hafiza.engine.runner import ModelRunner
-from hafiza.engine.sampling import SamplingParams, apply_penalties, sample
+from hafiza.engine.sampling import SamplingParams, apply_penalties, mask_early_stops, sample
 from hafiza.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hafiza.engine.sequence import CachePin, Sequence, Status
+from hafiza.engine.speculative import DraftBudget, NgramProposer, SpecCounters, SpeculativeConfig
+from hafiza.engine.speculative.verify import verify
 from hafiza.errors import ConfigError, RequestError
 from hafiza.models.loader import LoadedModel
 
@@ -50,7 +52,8 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
 @dataclass
 class EngineConfig:
     """Engine knobs. kv_dtype: auto (bf16), model (the compute dtype), fp32, bf16, fp16, fp8, int8 or int4.
-    eviction (streaming | h2o) with kv_budget_tokens caps the KV one sequence keeps (contexts beyond memory)."""
+    eviction (streaming | h2o) with kv_budget_tokens caps the KV one sequence keeps (contexts beyond memory).
+    speculative: draft tokens ahead and verify them in the same batched step (None: plain decoding)."""
 
     kv_memory: str | int | float = "auto"
     kv_dtype: str = "auto"
@@ -63,6 +66,7 @@ class EngineConfig:
     eviction: str | None = None
     kv_budget_tokens: int | None = None
     sink_tokens: int = 4
+    speculative: SpeculativeConfig | None = None
 
 
 @dataclass
@@ -122,7 +126,8 @@ class GenerationResult:
 @dataclass
 class EngineStats:
     """Memory accounting and counters, read by the server's /metrics and the dashboard. `evicted_tokens`: KV tokens
-    the eviction policy dropped from sequences since the engine started."""
+    the eviction policy dropped from sequences since the engine started. `spec`: speculative-decoding counters (None
+    when the engine does not speculate)."""
 
     blocks: BlockStats
     bytes_per_block: int
@@ -137,6 +142,7 @@ class EngineStats:
     waste_slots: int
     evicted_tokens: int = 0
     extra: dict = field(default_factory=dict)
+    spec: SpecCounters | None = None
 
     @property
     def kv_cache_usage_perc(self) -> float:
@@ -186,6 +192,15 @@ class LLMEngine:
         self.connector: KVConnector | None = None
         self.nondeterminism = nondeterminism_reasons(self.kv_dtype, cfg.eviction, model.device, model.dtype)
         self.determinism = determinism_header(self.nondeterminism)  # the x-hafiza-deterministic header
+        self.spec = SpecCounters()
+        self.proposer: NgramProposer | None = None
+        if cfg.speculative is not None:
+            cfg.speculative.validate()
+            if self.eviction is not None:
+                raise ConfigError("speculative decoding does not combine with eviction (verified rows would land in "
+                                  "blocks the policy may drop)", setting="speculative_method")
+            self.proposer = NgramProposer(*cfg.speculative.lookup_range)
+            self.scheduler.propose = self._propose
 
     def attach_connector(self, connector: KVConnector) -> None:
         """Connect KV tiers below the pool: full blocks are written through, admissions look them up."""
@@ -286,10 +301,13 @@ class LLMEngine:
         if not params.greedy and params.seed is not None:
             gen = torch.Generator().manual_seed(choice_seed(params.seed, index))
         grammar = self.grammars.state(params.grammar) if params.grammar is not None else None
+        spec = self.config.speculative
+        budget = DraftBudget(spec.num_speculative_tokens) if spec is not None and params.speculative else None
         seq = Sequence(sid, ids, len(ids), params, extra_keys=(*self.extra_keys, salt), pins=pins, generator=gen,
-                       parent_id=rid if params.n > 1 else None, index=index, grammar=grammar)
+                       parent_id=rid if params.n > 1 else None, index=index, grammar=grammar, draft_budget=budget)
         self.seqs[sid] = seq
-        self.outputs[sid] = TextOutput(self.tokenizer, params.stop)
+        self.outputs[sid] = TextOutput(self.tokenizer, params.stop, params.skip_special_tokens,
+                                       params.include_stop_str_in_output)
         self.scheduler.add(seq)
 
     def _spawn_choices(self, first: Sequence) -> None:
@@ -336,7 +354,7 @@ class LLMEngine:
         sampling = [s for s in batch.seqs if s.request_id in rows]
         sampled: dict[str, int] = {}
         if sampling:
-            sampled = self._sample(torch.cat([rows[s.request_id] for s in sampling]), sampling, failed)
+            sampled = self._sample(torch.cat([rows[s.request_id][:1] for s in sampling]), sampling, failed)
         if self.connector is not None:
             self._observe_prefill(batch.num_new, time.perf_counter() - t0)
         outputs = []
@@ -345,17 +363,76 @@ class LLMEngine:
             if seq.request_id in failed:
                 outputs.append(self._fail(seq, failed[seq.request_id]))
                 continue
-            seq.num_computed += n
+            draft, seq.draft = seq.draft, []
+            seq.num_computed += n - len(draft)
             self._cache_full_blocks(seq)
-            out = self._advance(seq, sampled.get(seq.request_id), now)
+            token = sampled.get(seq.request_id)
+            if draft and token is not None:
+                out = self._verify(seq, draft, rows[seq.request_id], token, now)
+            else:
+                out = self._advance(seq, token, now)
             if out is not None:
                 outputs.append(out)
         if self.connector is not None and not self.has_unfinished():
             self.connector.serving(False)
         return outputs
 
+    def _propose(self, seq: Sequence, room: int) -> list[int]:
+        """The scheduler's hook: tokens to draft past a decoding sequence, at most `room`, its draft budget and
+        what its max_tokens and the context leave after this step's own token."""
+        if self.proposer is None or seq.draft_budget is None or seq.needs_prompt_logits:
+            return []
+        limit = min(room, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens - 1)
+        if limit <= 0:
+            return []
+        return self.proposer.propose(seq.token_ids, min(limit, seq.draft_budget.allowed()))
+
+    def _verify(self, seq: Sequence, draft: list[int], rows: torch.Tensor, first: int, now: float,
+                ) -> RequestOutput | None:
+        """Emit the drafted run's tokens plain decoding would produce (`verify`), then roll back: num_computed
+        counts only rows whose input was accepted, and blocks past it (written only for rejected rows) are freed.
+        A partly rejected block is kept; its stale slots are overwritten before it fills and is registered."""
+        outs: list[RequestOutput] = []
+
+        def sample(j: int) -> int | None:
+            if j == 0:
+                return first
+            seq.num_computed += 1  # row j's input, draft j - 1, was accepted: its K/V are the sequence's own
+            self._cache_full_blocks(seq)
+            return self._sample(rows[j : j + 1], [seq], {}).get(seq.request_id)
+
+        def emit(token: int) -> bool:
+            out = self._advance(seq, token, now)
+            if out is not None:
+                outs.append(out)
+            return out is not None and not out.finished
+
+        accepted = verify(draft, sample, emit)
+        self.spec.record(len(draft), accepted)
+        if seq.draft_budget is not None:
+            seq.draft_budget.record(len(draft), accepted)
+        if seq.status is Status.RUNNING:
+            keep = -(-seq.num_computed // self.layout.block_size)
+            if len(seq.block_table) > keep:
+                self.blocks.free(seq.block_table[keep:])
+                del seq.block_table[keep:], seq.block_logical[keep:]
+        return self._merge(outs)
+
+    @staticmethod
+    def _merge(outs: list[RequestOutput]) -> RequestOutput | None:
+        """One output for the tokens one step emitted for a sequence: the last output's state, all tokens."""
+        if not outs:
+            return None
+        last = outs[-1]
+        last.new_token_ids = [t for o in outs for t in o.new_token_ids]
+        last.text = "".join(o.text for o in outs)
+        last.logprobs = [lp for o in outs for lp in o.logprobs]
+        last.prompt_logprobs = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
+        return last
+
     def _forward(self, batch: ScheduledBatch) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """Logits [1, V] of every sequence that samples this step, and the errors of those whose forward failed.
+        """Logits [1 + drafted, V] of every sequence that samples this step (its last known token's row, then
+        one per drafted token), and the errors of those whose forward failed.
         If the batch's forward raises, each sequence runs alone (attention and linears are row-invariant, so
         its values do not change) and only those that fail again are failed."""
         try:
@@ -377,8 +454,17 @@ class LLMEngine:
 
     @staticmethod
     def _rows(batch: ScheduledBatch, logits: torch.Tensor | None, last: list[int]) -> dict[str, torch.Tensor]:
-        sampling = [s.request_id for s, i in zip(batch.seqs, last, strict=True) if i >= 0]
-        return {} if logits is None else {rid: logits[i : i + 1] for i, rid in enumerate(sampling)}
+        """Split the runner's logits per sampling sequence: 1 + len(draft) rows each, in batch order."""
+        if logits is None:
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        at = 0
+        for seq, i in zip(batch.seqs, last, strict=True):
+            if i >= 0:
+                count = 1 + len(seq.draft)
+                out[seq.request_id] = logits[at : at + count]
+                at += count
+        return out
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], failed: dict[str, str]) -> dict[str, int]:
         """One token per sequence. If sampling the batch raises, the seeded generators are rewound and each row
@@ -400,12 +486,13 @@ class LLMEngine:
                 failed[seq.request_id] = f"sampling failed: {exc}"
         return out
 
-    @staticmethod
-    def _sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """Penalties and bias, then each grammar's mask, then sampling; the sampled tokens' logprobs come from
-        the raw `logits` (the model's own distribution)."""
+    def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Penalties and bias, stop tokens masked before min_tokens, then each grammar's mask, then sampling; the
+        sampled tokens' logprobs come from the raw `logits` (the model's own distribution)."""
         params = [s.params for s in seqs]
         processed = apply_penalties(logits, params, [s.token_ids for s in seqs], [s.num_prompt_tokens for s in seqs])
+        processed = mask_early_stops(processed, params, [s.num_output_tokens for s in seqs],
+                                     self.tokenizer.eos_token_ids)
         for i, seq in enumerate(seqs):
             if seq.grammar is not None:
                 if processed is logits:
@@ -508,8 +595,10 @@ class LLMEngine:
             self.generation_tokens += 1
             if not p.ignore_eos and (token in self.tokenizer.eos_token_ids or token in p.stop_token_ids):
                 seq.finish_reason = "stop"
+                if p.include_stop_str_in_output:
+                    text = text_out.add(token, check_stop=False)
             else:
-                text = text_out.add(token)
+                text = text_out.add(token, check_stop=seq.num_output_tokens > p.min_tokens)
                 if text_out.stop_sequence is not None:
                     seq.finish_reason, seq.stop_sequence = "stop_sequence", text_out.stop_sequence
                 elif seq.grammar is not None and seq.grammar.done:
@@ -588,6 +677,7 @@ class LLMEngine:
             generation_tokens=self.generation_tokens, requests_finished=self.requests_finished,
             stored_tokens=stored, waste_slots=bstats.in_use * bs - stored,
             evicted_tokens=self.scheduler.evicted_tokens,
+            spec=self.spec.snapshot() if self.config.speculative is not None else None,
         )
 
     def check_integrity(self) -> None:

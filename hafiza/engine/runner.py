@@ -47,7 +47,8 @@ class ModelRunner:
 
     def build(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """input_ids, positions, metadata, and for each sequence the flat index of its last token (or -1 when
-        this step does not finish its known tokens, i.e. a non-final prefill chunk)."""
+        this step does not finish its known tokens, i.e. a non-final prefill chunk). A sequence's drafted tokens
+        follow its known ones: its rows verify them."""
         bs, dev = self.block_size, self.device
         ids: list[int] = []
         pos: list[int] = []
@@ -64,10 +65,11 @@ class ModelRunner:
             table, logical = seq.block_table, seq.block_logical
             tail = len(table) - 1 - logical[-1]  # physical index = logical block + tail, for new positions
             flat_start = len(ids)
-            ids += seq.token_ids[start:end]
+            known = min(end, seq.num_tokens)
+            ids += seq.token_ids[start:known] + seq.draft[: end - known]
             pos += range(start, end)
             slots += [table[p // bs + tail] * bs + p % bs for p in range(start, end)]
-            last.append(len(ids) - 1 if end == seq.num_tokens else -1)
+            last.append(len(ids) - 1 if end == seq.num_tokens + len(seq.draft) else -1)
             if n == 1:
                 num_decode += 1
                 kept = (len(table) - 1) * bs + (end - 1) % bs + 1
@@ -132,7 +134,8 @@ class ModelRunner:
         return observe
 
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[int]]:
-        """Run one step; returns logits [S, V] for the S sequences with last index >= 0, and those indices."""
+        """Run one step; returns the logits of the sequences with last index >= 0, and those indices: for each
+        such sequence 1 + len(seq.draft) rows, its last known token's and each drafted token's, in batch order."""
         logits, last, _ = self.execute_all(batch, [False] * len(batch.seqs))
         return logits, last
 
@@ -147,7 +150,7 @@ class ModelRunner:
         for n, want in zip(batch.num_new, every_position, strict=True):
             spans.append(self.model.logits(hidden[start : start + n]) if want else None)
             start += n
-        rows = [i for i in last if i >= 0]
+        rows = [r for seq, i in zip(batch.seqs, last, strict=True) if i >= 0 for r in range(i - len(seq.draft), i + 1)]
         if not rows:
             return None, last, spans
         return self.model.logits(hidden[torch.tensor(rows, device=self.device)]), last, spans

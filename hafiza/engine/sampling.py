@@ -29,7 +29,11 @@ class SamplingParams:
     """Per-request decoding settings. temperature 0 means greedy; top_k 0, top_p 1, min_p 0, the penalties 0 and
     repetition_penalty 1 mean off. logit_bias maps token id -> value added to its logit. logprobs k: return each
     sampled token's log-probability and the k most likely alternatives (None: off); prompt_logprobs likewise for
-    the prompt tokens. n: choices sharing the prompt. grammar: the output must match it."""
+    the prompt tokens. n: choices sharing the prompt. grammar: the output must match it. As vLLM's: ignore_eos
+    goes on past the model's EOS; min_tokens: no EOS, stop token or stop string ends the output before that many
+    tokens; skip_special_tokens: the text leaves control tokens out; include_stop_str_in_output: the matched stop
+    string (or the stop token's text) stays at the end of the text. speculative False: never
+    draft tokens for this request, even on an engine that speculates."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -39,6 +43,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     n: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
@@ -48,11 +55,15 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     grammar: GrammarSpec | None = None
+    speculative: bool = True
 
     def validate(self) -> None:
         """Raise RequestError naming the first bad value."""
         if self.max_tokens < 0:
             raise RequestError(f"max_tokens must be >= 0, got {self.max_tokens}", param="max_tokens")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise RequestError(f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got "
+                               f"{self.min_tokens}", param="min_tokens")
         if not 0.0 <= self.temperature <= 100.0:
             raise RequestError(f"temperature must be between 0 and 100, got {self.temperature}", param="temperature")
         if self.top_k < 0:
@@ -125,6 +136,23 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], token_id
         if p.logit_bias:
             ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=row.device)
             row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=row.dtype, device=row.device))
+    return out
+
+
+def mask_early_stops(logits: torch.Tensor, params: list[SamplingParams], num_output: list[int],
+                     eos_token_ids: list[int]) -> torch.Tensor:
+    """`logits` [N, V] with every stop token (EOS unless ignore_eos, and stop_token_ids) at -inf in the rows that
+    have produced fewer than their min_tokens: vLLM's min_tokens, so such a token is never sampled early."""
+    rows = [i for i, p in enumerate(params) if num_output[i] < p.min_tokens]
+    if not rows:
+        return logits
+    out = logits.clone()
+    vocab = logits.shape[-1]
+    for i in rows:
+        p = params[i]
+        ids = [t for t in {*p.stop_token_ids, *([] if p.ignore_eos else eos_token_ids)} if 0 <= t < vocab]
+        if ids:
+            out[i, torch.tensor(ids, dtype=torch.long, device=out.device)] = float("-inf")
     return out
 
 

@@ -14,6 +14,7 @@ blocks loaded from the tiers are registered in the pool, the tier outcome is rec
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ from hafiza.cache.errors import EvictionError
 from hafiza.cache.eviction import AttentionScores, EvictionPolicy
 from hafiza.engine.connector import KVConnector, TierHit, TierLoad, TierOutcome
 from hafiza.engine.sequence import Sequence, Status
+
+Proposer = Callable[[Sequence, int], list[int]]  # (decoding sequence, most tokens) -> tokens drafted past it
 
 
 @dataclass
@@ -97,6 +100,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.evicted_tokens = 0  # tokens all sequences dropped by eviction, since start
         self.connector: KVConnector | None = None
+        self.propose: Proposer | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -146,7 +150,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
         seq.block_table, seq.block_logical, seq.num_computed, seq.num_registered_blocks = [], [], 0, 0
-        seq.evicted = False
+        seq.evicted, seq.draft = False, []
         seq.status = Status.WAITING
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -157,12 +161,15 @@ class Scheduler:
         decodes = [s for s in self.running if s.num_tokens - s.num_computed == 1]
         prefills = [s for s in self.running if s.num_tokens - s.num_computed > 1]
         preempted = False
-        for seq in decodes + prefills:
+        for rank, seq in enumerate(decodes + prefills):
             if budget == 0:
                 break
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
+            seq.draft = []
             n = min(seq.num_tokens - seq.num_computed, budget, self.max_chunk)
+            if rank < len(decodes) and self.propose is not None and not seq.evicted:
+                n += self._draft(seq, min(budget - (len(decodes) - rank), self.max_chunk - 1))
             need = self._blocks_needed(seq, n)
             self._evict(seq, need)
             while need > self.blocks.num_allocatable():
@@ -189,6 +196,15 @@ class Scheduler:
             budget -= batch.num_new[-1]
         return self._decodes_first(batch)
 
+    def _draft(self, seq: Sequence, room: int) -> int:
+        """Draft up to `room` tokens past a decoding sequence (rows the step verifies with its next token), as many
+        as its new blocks leave room for without preempting anyone; returns how many."""
+        draft = self.propose(seq, room) if self.propose is not None and room > 0 else []
+        while draft and self._blocks_needed(seq, 1 + len(draft)) > self.blocks.num_allocatable():
+            draft.pop()
+        seq.draft = draft
+        return len(draft)
+
     def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
         """Give a waiting sequence its cached prefix (pool, then tiers) and blocks for its first chunk, if they
         fit; see the module docstring for the steps."""
@@ -202,6 +218,7 @@ class Scheduler:
         alloc = self.blocks.admit(pool, -(-(cached * bs + num_new) // bs) - pool.num_blocks, query)
         if alloc is None:
             return False
+        seq.draft = []
         if self.scores is not None and alloc.fresh:
             self.scores.reset(list(alloc.fresh))
         reg = self._register(seq, hashes, alloc, tiers, num_new, budget)

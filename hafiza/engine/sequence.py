@@ -13,6 +13,7 @@ from hafiza.cache.hashing import chain_hashes
 from hafiza.engine.connector import TierOutcome
 from hafiza.engine.output import TokenLogprob
 from hafiza.engine.sampling import SamplingParams
+from hafiza.engine.speculative.backoff import DraftBudget
 
 if TYPE_CHECKING:
     from hafiza.engine.grammar import GrammarState
@@ -44,7 +45,10 @@ class Sequence:
     is what the request reports, the prompt tokens its first admission did not compute (from `tiers`).
     `pinned_tokens` is how much of the prompt its cache breakpoints (`pins`) have pinned so far.
 
-    A request with n > 1 choices is n sequences: `parent_id` is the request's id and `index` the choice."""
+    A request with n > 1 choices is n sequences: `parent_id` is the request's id and `index` the choice.
+
+    `draft` holds the tokens guessed past `token_ids` that this step verifies (scheduled rows past the known
+    tokens); `draft_budget` (None: the sequence does not speculate) adapts how many it may guess."""
 
     request_id: str
     token_ids: list[int]
@@ -71,6 +75,8 @@ class Sequence:
     grammar: GrammarState | None = None
     pending_logprob: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    draft: list[int] = field(default_factory=list)
+    draft_budget: DraftBudget | None = None
 
     @property
     def partition(self) -> str | None:
