@@ -12,7 +12,7 @@ from hafiza.server.choices import Choice, Choices
 from hafiza.server.errors import ApiError
 from hafiza.server.generation import Generation
 from hafiza.server.logprobs import TokenNames, chat_entry
-from hafiza.server.schemas.openai import ChatCompletionRequest, SamplingFields
+from hafiza.server.schemas.openai import ChatCompletionRequest, SamplingFields, VllmFields
 from hafiza.server.state import ServerState
 from hafiza.server.streaming import ClientGone, sse
 from hafiza.server.tools.parse import CallPart, TextPart
@@ -35,9 +35,13 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
 
 def sampling(req: SamplingFields, max_tokens: int, logprobs: int | None,
              grammar: GrammarSpec | None, prompt_logprobs: int | None = None) -> SamplingParams:
-    """Engine settings shared by chat and legacy completions (OpenAI defaults: temperature 1, top_p 1)."""
+    """Engine settings shared by chat and legacy completions (OpenAI defaults: temperature 1, top_p 1), with
+    vLLM's extensions where the body has them (`no_stop_trim` is include_stop_str_in_output)."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    ext = req if isinstance(req, VllmFields) else VllmFields()
     return SamplingParams(
+        ignore_eos=bool(ext.ignore_eos), min_tokens=ext.min_tokens or 0,
+        skip_special_tokens=ext.skip_special_tokens is not False, include_stop_str_in_output=bool(ext.no_stop_trim),
         max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, min_p=req.min_p or 0.0,
         seed=req.seed, stop=stop, n=req.n or 1, logit_bias=logit_bias(req.logit_bias),

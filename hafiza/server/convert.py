@@ -264,10 +264,19 @@ def _openai_turn(msg: ChatMessage, where: str, fmt: ToolFormat) -> Turn:
 
 
 def openai_conversation(messages: list[ChatMessage], tools: list[ToolDef] | None = None,
-                        fmt: ToolFormat = GENERIC, choice: ToolChoice | None = None) -> Conversation:
-    """Tools then the messages in order; `developer` is a system message. No breakpoints: caching is automatic."""
+                        fmt: ToolFormat = GENERIC, choice: ToolChoice | None = None,
+                        continue_final: bool = False) -> Conversation:
+    """Tools then the messages in order; `developer` is a system message. No breakpoints: caching is automatic.
+    `continue_final` (vLLM's continue_final_message): the reply continues the final assistant message, which the
+    template leaves open, with no generation prompt after it."""
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
+    if continue_final and messages[-1].role != "assistant":
+        raise ApiError(400, f"continue_final_message: the last message must be an assistant message to continue, "
+                            f"got role {messages[-1].role!r}", param="continue_final_message")
+    if continue_final and messages[-1].tool_calls:
+        raise ApiError(400, "continue_final_message: an assistant message with tool_calls cannot be continued",
+                       param="continue_final_message")
     turns: list[Turn] = []
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
@@ -277,4 +286,4 @@ def openai_conversation(messages: list[ChatMessage], tools: list[ToolDef] | None
                            param=f"{where}.content")
         turns.append(turn)
     tools = tools or []
-    return with_tools(Conversation(turns), tools, [None] * len(tools), fmt, choice or ToolChoice())
+    return with_tools(Conversation(turns, continue_final), tools, [None] * len(tools), fmt, choice or ToolChoice())

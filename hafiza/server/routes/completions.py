@@ -18,6 +18,7 @@ from hafiza.server.body import parse_json, read_body, validate
 from hafiza.server.chat import FINISH_REASONS, sampling
 from hafiza.server.choices import Choice, Choices
 from hafiza.server.errors import ApiError
+from hafiza.server.extensions import check_extensions
 from hafiza.server.generation import Generation, begin, close_all
 from hafiza.server.logprobs import CompletionLogprobs, TokenNames
 from hafiza.server.offload import off_loop
@@ -80,6 +81,7 @@ def _prompts(req: CompletionRequest) -> list[str | list[int]]:
 def _prepare(raw: bytes, state: ServerState) -> tuple[CompletionRequest, list[RawPrompt]]:
     req = validate(CompletionRequest, parse_json(raw))
     state.check_model(req.model)
+    check_extensions(req, state.tokenizer)
     if req.suffix:
         raise ApiError(400, "suffix: insertion (fill in the middle) is not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != (req.n or 1):

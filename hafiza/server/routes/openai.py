@@ -17,6 +17,7 @@ from hafiza.server.chat import chat_body, chat_chunks, chat_logprobs, sampling
 from hafiza.server.choices import Choices
 from hafiza.server.convert import openai_conversation, openai_tools
 from hafiza.server.errors import ApiError
+from hafiza.server.extensions import check_extensions
 from hafiza.server.generation import Generation, begin
 from hafiza.server.offload import off_loop
 from hafiza.server.prompt import Prompt, build_prompt
@@ -69,9 +70,10 @@ def _prepare(raw: bytes, state: ServerState) -> tuple[ChatCompletionRequest, Pro
     check_message_count(body, state.settings.max_messages)
     req = validate(ChatCompletionRequest, body)
     state.check_model(req.model)
+    check_extensions(req, state.tokenizer)
     tools, choice = openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     tool_use = ToolUse(tool_format(state.tokenizer), tools, choice)
-    conv = openai_conversation(req.messages, tools, tool_use.fmt, choice)
+    conv = openai_conversation(req.messages, tools, tool_use.fmt, choice, bool(req.continue_final_message))
     return req, build_prompt(state.tokenizer, conv, state.settings.allow_special_tokens_in_content,
                              state.settings.max_prompt_chars), tool_use
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hafiza.server.schemas.openai import ChatMessage, SamplingFields
+from hafiza.server.schemas.openai import ChatMessage, SamplingFields, VllmFields
 from hafiza.server.settings import MAX_CACHE_SALT_CHARS
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, VllmFields):
     """POST /v1/completions. `prompt`: a string, a list of strings, token ids, or a list of token-id lists.
     `echo` returns the prompt before the completion (with its logprobs, the first token's being null)."""
 

@@ -2,7 +2,9 @@
 
 Unknown fields are refused (400 naming them), as OpenAI does: a field the server would ignore is never accepted.
 `user`, `metadata`, `store: false`, `service_tier`, `prompt_cache_key` and `safety_identifier` are accepted; they
-do not change the output (they are billing or routing hints; caching here is automatic).
+do not change the output (they are billing or routing hints; caching here is automatic). The vLLM/SGLang
+extensions vllm-router adds to every body (`VllmFields`, `ChatVllmFields`) are honoured, or refused at a value
+that cannot be (hafiza/server/extensions.py).
 """
 
 from __future__ import annotations
@@ -124,7 +126,31 @@ class SamplingFields(BaseModel):
     service_tier: str | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class VllmFields(BaseModel):
+    """vLLM's (and SGLang's) request extensions that vllm-router adds to chat and completions bodies. Honoured:
+    `ignore_eos`, `min_tokens`, `skip_special_tokens`, `no_stop_trim` (SGLang's name for vLLM's
+    include_stop_str_in_output). Accepted only at the values that ask for nothing: `return_hidden_states`
+    (false) and `kv_transfer_params` (null: no prefill/decode split here)."""
+
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(default=None, ge=0)
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    return_hidden_states: bool | None = None
+    kv_transfer_params: dict[str, object] | None = None
+
+
+class ChatVllmFields(VllmFields):
+    """The chat-only extensions: `continue_final_message` (the reply continues the final assistant message,
+    left open) and the reasoning flags, accepted at the values the served model needs nothing for."""
+
+    continue_final_message: bool | None = None
+    separate_reasoning: bool | None = None
+    stream_reasoning: bool | None = None
+    include_reasoning: bool | None = None
+
+
+class ChatCompletionRequest(SamplingFields, ChatVllmFields):
     """POST /v1/chat/completions."""
 
     model_config = ConfigDict(extra="forbid")
