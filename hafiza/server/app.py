@@ -13,7 +13,7 @@ from hafiza.server.determinism import DeterminismHeader
 from hafiza.server.errors import CatchAllMiddleware, install_error_handlers
 from hafiza.server.guard import BrowserGuard
 from hafiza.server.openapi import mount_openapi
-from hafiza.server.routes import anthropic, common, completions, openai, responses, tokenize
+from hafiza.server.routes import anthropic, common, completions, openai, render, responses, tokenize
 from hafiza.server.settings import ServerSettings
 from hafiza.server.state import ServerState
 
@@ -23,19 +23,22 @@ EXPOSED_HEADERS = ("x-hafiza-cache", "x-hafiza-tiers", DETERMINISM_HEADER, "requ
 def create_app(aengine: AsyncEngine, settings: ServerSettings | None = None,
                registry: CollectorRegistry | None = None) -> FastAPI:
     """The HTTP app. The engine is started and stopped by the caller; `app.state.hafiza` (a ServerState) holds
-    the engine, settings and metrics registry for routes and collectors added later. Every request passes the
-    BrowserGuard (Host allow-list, same-origin JSON for state changes); CORS answers only `cors_origins`."""
+    the engine, settings and metrics registry for routes and collectors added later, `app.state.hafiza_responses`
+    the Responses API's stored responses. Every request passes the BrowserGuard (Host allow-list, same-origin JSON
+    for state changes); CORS answers only `cors_origins`."""
     settings = settings or ServerSettings()
     app = FastAPI(title="hafiza", summary="Anthropic Messages, OpenAI Chat Completions, Completions and Responses "
                                           "with prompt caching",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hafiza = ServerState.create(aengine, settings, registry)
+    app.state.hafiza_responses = responses.ResponseStore()  # stored Responses API results, per app
     install_error_handlers(app)
     app.include_router(common.router)
     app.include_router(anthropic.router)
     app.include_router(openai.router)
     app.include_router(completions.router)
     app.include_router(responses.router)
+    app.include_router(render.router)
     app.include_router(tokenize.router)
     mount_openapi(app)
     mount_dashboard(app)

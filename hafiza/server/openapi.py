@@ -28,6 +28,9 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/responses": ResponseRequest,
+    "/v1/chat/completions/render": ChatCompletionRequest,
+    "/v1/completions/render": CompletionRequest,
+    "/v1/responses/render": ResponseRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
 }

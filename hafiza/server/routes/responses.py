@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_openai_key
 from hafiza.server.body import parse_json, read_body, validate
 from hafiza.server.chat import sampling
@@ -90,11 +91,8 @@ class ResponseStore:
 
 
 def response_store(request: Request) -> ResponseStore:
-    """The app's store (created on first use)."""
-    store = getattr(request.app.state, "hafiza_responses", None)
-    if store is None:
-        store = request.app.state.hafiza_responses = ResponseStore()
-    return store
+    """The app's store (made with the app, create_app)."""
+    return request.app.state.hafiza_responses
 
 
 def _text(content: str | list[InputText]) -> str:
@@ -177,32 +175,49 @@ def _previous_id(raw: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
-@router.post("/v1/responses")
-async def create_response(request: Request, state: ServerState = Depends(server_state)) -> Response:
-    """Create a model response, streaming (SSE events) or not."""
-    raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
+def previous_response(request: Request, raw: bytes) -> tuple[str | None, Stored | None]:
+    """The body's `previous_response_id` and its stored response (in the caller's partition); 400 if none."""
     store = response_store(request)
     prev_id = _previous_id(raw)
-    previous = None
-    body_salt = None
-    if prev_id is not None:
-        try:
-            body_salt = json.loads(raw).get("cache_salt")
-        except ValueError:
-            body_salt = None
-        previous = store.get(request_partition(request, body_salt if isinstance(body_salt, str) else None), prev_id)
-        if previous is None:
-            raise ApiError(400, f"previous_response_id: no stored response with id {prev_id!r}",
-                           param="previous_response_id", code="previous_response_not_found")
-    p = await off_loop(_prepare, raw, state, previous)
+    if prev_id is None:
+        return None, None
+    try:
+        body_salt = json.loads(raw).get("cache_salt")
+    except ValueError:
+        body_salt = None
+    previous = store.get(request_partition(request, body_salt if isinstance(body_salt, str) else None), prev_id)
+    if previous is None:
+        raise ApiError(400, f"previous_response_id: no stored response with id {prev_id!r}",
+                       param="previous_response_id", code="previous_response_not_found")
+    return prev_id, previous
+
+
+def sampling_params(p: Prepared, state: ServerState) -> SamplingParams:
+    """Engine settings of a prepared request: without max_output_tokens the reply may use the rest of the
+    context; tools and text.format become its grammar."""
     req = p.req
     limit = req.max_output_tokens if req.max_output_tokens is not None else max(0, state.max_model_len -
                                                                                   len(p.prompt.ids))
     grammar = pick_grammar(tool_grammar(p.tool_use.tools, p.tool_use.choice, p.tool_use.fmt),
                            response_format_grammar(_format(req), "text.format"))
-    logprobs = req.top_logprobs if req.include and "message.output_text.logprobs" in req.include else None
     fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
-    params = sampling(fields, limit, logprobs, grammar)
+    return sampling(fields, limit, _logprobs(req), grammar)
+
+
+def _logprobs(req: ResponseRequest) -> int | None:
+    return req.top_logprobs if req.include and "message.output_text.logprobs" in req.include else None
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request, state: ServerState = Depends(server_state)) -> Response:
+    """Create a model response, streaming (SSE events) or not."""
+    raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
+    store = response_store(request)
+    prev_id, previous = previous_response(request, raw)
+    p = await off_loop(_prepare, raw, state, previous)
+    req = p.req
+    params = sampling_params(p, state)
+    logprobs = params.logprobs
     partition = request_partition(request, req.cache_salt)
     gen = Generation(state, API, request, p.prompt, params, f"resp_{uuid.uuid4().hex[:24]}", cache_salt=partition,
                      fields=FIELDS)
