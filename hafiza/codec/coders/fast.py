@@ -24,6 +24,7 @@ import torch
 import zstandard
 
 from hafiza.codec.coders.base import BoundCoder, Coder
+from hafiza.codec.coders.fast_modes import SIGN_AS_IS, SIGN_CHANGE, SIGN_MAJORITY
 from hafiza.codec.coders.planes import PlanesCoder, _params, read_medians
 from hafiza.codec.formats import BitFormat
 from hafiza.codec.layout import ChunkRef
@@ -31,8 +32,6 @@ from hafiza.codec.predictors.base import BoundPredictor
 
 _HEAD = struct.Struct("<BII")  # sign mode, escape count, Huffman frame length
 OFFSET = 64  # a symbol's 7 low bits are exponent - median + OFFSET: exponents within [-64, 63] of the median
-SIGN_AS_IS, SIGN_CHANGE, SIGN_MAJORITY = 0, 1, 2  # what a symbol's top bit holds: the sign XOR nothing / the
-# previous token's sign / the chunk's majority sign of the channel
 _CARRIER_SHIFTS = np.arange(7, dtype=np.uint8)[:, None]
 
 

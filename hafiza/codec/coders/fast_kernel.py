@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hafiza.codec.coders.fast import SIGN_CHANGE, SIGN_MAJORITY
+from hafiza.codec.coders.fast_modes import SIGN_CHANGE, SIGN_MAJORITY
 
 _U16 = np.uint16
 
