@@ -29,7 +29,7 @@ from hafiza.codec.errors import ContextError, FormatError
 from hafiza.codec.formats import BitFormat, tensor_bits
 from hafiza.codec.layout import view_shape
 from hafiza.codec.predictors.base import BoundPredictor
-from hafiza.codec.predictors.speculative import _Bound
+from hafiza.codec.predictors.speculative import PrecomputedPrediction
 from hafiza.errors import ConfigError
 from hafiza.store.codecs import TOKEN_CODECS
 from hafiza.store.speculative import BlockPredictor
@@ -67,7 +67,7 @@ class CodePredictor(BlockPredictor):
             raise ContextError(f"predicted codes {tuple(pred.shape)} {pred.dtype}, block codes {tuple(shape)} "
                                f"{fmt.torch_dtype}")
         ordered = fmt.to_ordered(tensor_bits(pred.contiguous()))
-        return _Bound(fmt, ordered.astype(fmt.uint).reshape(view_shape(tuple(shape))))
+        return PrecomputedPrediction(fmt, ordered.astype(fmt.uint).reshape(view_shape(tuple(shape))))
 
 
 def predicted_codes(block: torch.Tensor, native: NativeBlocks) -> torch.Tensor:

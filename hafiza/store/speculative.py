@@ -27,7 +27,7 @@ from hafiza.codec.formats import BitFormat, tensor_bits
 from hafiza.codec.layout import view_shape
 from hafiza.codec.predictors.base import BoundPredictor
 from hafiza.codec.predictors.cheap import DEFAULT_CHUNK, CheapSpec, PrefixRun, build_cheap_model
-from hafiza.codec.predictors.speculative import SpeculativePredictor, _Bound
+from hafiza.codec.predictors.speculative import PrecomputedPrediction, SpeculativePredictor
 from hafiza.models.llama import LlamaModel
 
 MAX_RUNS = 4
@@ -160,4 +160,4 @@ class BlockPredictor(SpeculativePredictor):
         if tuple(pred.shape) != tuple(shape):
             raise ContextError(f"prediction shape {tuple(pred.shape)} but block shape {tuple(shape)}")
         ordered = fmt.to_ordered(tensor_bits(pred.to(fmt.torch_dtype).contiguous())).astype(np.int64)
-        return _Bound(fmt, ordered.astype(fmt.uint).reshape(view_shape(tuple(shape))))
+        return PrecomputedPrediction(fmt, ordered.astype(fmt.uint).reshape(view_shape(tuple(shape))))

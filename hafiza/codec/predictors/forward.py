@@ -10,6 +10,7 @@ Built from the target LlamaModel's own weights and pieces (rms_norm, RoPE, SDPA)
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -78,17 +79,28 @@ class _Linears:
 
 
 class PredictorModel:
-    """The target's weights prepared for a forward: the first `exact_layers` exact, the rest `variant`."""
+    """The target's weights prepared for a forward: the first `exact_layers` exact, the rest `variant`.
+
+    It refers to the target weakly, so a cache of prepared models keyed by their target (speculative.prepared)
+    lets the target go; whoever runs it holds the target."""
 
     def __init__(self, target: LlamaModel, variant: str, exact_layers: int) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown speculative variant {variant!r}: {', '.join(VARIANTS)}")
-        self.target, self.variant = target, variant
+        self._target, self.variant = weakref.ref(target), variant
         self.exact_layers = min(max(exact_layers, 0), target.config.num_layers)
         self.linears = [_Linears(lw, "exact" if i < self.exact_layers else variant, target)
                         for i, lw in enumerate(target.layers)]
         self.bf16_norms = [(lw.input_norm.to(torch.bfloat16), lw.post_norm.to(torch.bfloat16))
                            for lw in target.layers]
+
+    @property
+    def target(self) -> LlamaModel:
+        """The target model (it must still be alive: its holder runs this)."""
+        target = self._target()
+        if target is None:
+            raise ReferenceError("the speculative predictor's target model is gone")
+        return target
 
     @torch.inference_mode()
     def kv(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -22,23 +23,28 @@ from hafiza.codec.layout import ChunkRef, view_shape
 from hafiza.codec.predictors.base import BoundPredictor, Predictor, wrap
 from hafiza.codec.predictors.forward import PredictorModel
 
-_PREPARED: dict[tuple[int, str, int], tuple[Any, PredictorModel]] = {}
+PREPARED_PER_TARGET = 4
+_PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], PredictorModel]] = weakref.WeakKeyDictionary()
 
 
 def prepared(target: Any, variant: str, exact_layers: int) -> PredictorModel:
     """The target's weights prepared for a variant, shared by every predictor of this process (encoders and
-    decoders alike), so converting the weights is paid once."""
-    key = (id(target), variant, exact_layers)
-    hit = _PREPARED.get(key)
-    if hit is None or hit[0] is not target:
-        if len(_PREPARED) >= 4:
-            _PREPARED.pop(next(iter(_PREPARED)))
-        hit = (target, PredictorModel(target, variant, exact_layers))
-        _PREPARED[key] = hit
-    return hit[1]
+    decoders alike), so converting the weights is paid once. Kept while the target lives (the last
+    PREPARED_PER_TARGET variants of each), and dropped with it."""
+    by_variant = _PREPARED.setdefault(target, {})
+    key = (variant, exact_layers)
+    hit = by_variant.get(key)
+    if hit is None:
+        if len(by_variant) >= PREPARED_PER_TARGET:
+            by_variant.pop(next(iter(by_variant)))
+        hit = by_variant[key] = PredictorModel(target, variant, exact_layers)
+    return hit
 
 
-class _Bound(BoundPredictor):
+class PrecomputedPrediction(BoundPredictor):
+    """A bound predictor whose whole prediction (ordered values, the view's shape) was computed up front: the
+    speculative model's run here, the store's prefix run (hafiza/store)."""
+
     def __init__(self, fmt: BitFormat, prediction: np.ndarray) -> None:
         self.fmt, self.prediction = fmt, prediction
 
@@ -131,4 +137,4 @@ class SpeculativePredictor(Predictor):
         ordered = fmt.to_ordered(tensor_bits(pred.to(fmt.torch_dtype))).astype(np.int64)
         if self.grid > 1:
             ordered = np.minimum((ordered + self.grid // 2) // self.grid * self.grid, fmt.mask)
-        return _Bound(fmt, ordered.astype(fmt.uint).reshape(view_shape(shape)))
+        return PrecomputedPrediction(fmt, ordered.astype(fmt.uint).reshape(view_shape(shape)))
