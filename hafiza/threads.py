@@ -1,9 +1,10 @@
 """CPU threads for the forward: how OpenMP waits, how many intra-op threads each step uses, and the fixed split of
 the decode matmul, so that decode keeps its speed when other processes take cores and values never depend on it.
 
-- `openmp_defaults()` runs before torch is imported (hafiza/__init__.py): OpenMP threads that spin at a barrier
-  hold their core while a sibling waits for one; a short spin then sleep releases it (docs/ENGINE.md).
-- `adapt()` runs before each forward on the CPU (LlamaModel.forward). With HAFIZA_ADAPTIVE_THREADS=1 it reads how
+- `openmp_defaults()` runs before torch is imported, at each entry point (`hafiza.cli.main`, the benchmark worker,
+  tests/conftest.py), never on import: OpenMP threads that spin at a barrier hold their core while a sibling waits
+  for one; a short spin then sleep releases it (docs/ENGINE.md).
+- `adapt()` runs before each forward on the CPU (LlamaModel.forward). With settings.ADAPTIVE_THREADS on it reads how
   busy the allowed cores were since the last look (/proc/stat, less this process's own CPU time) and uses only the
   cores left free. Off by default: on the shared 2-core machine, passive waiting with every thread kept its decode
   better under a spinning process than giving the core up (docs/BENCHMARKS.md, thread policy).
@@ -18,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from hafiza import settings
+
 WAIT_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 SAMPLE_S = 0.25  # shortest window over which the other processes' load is measured
 BUSY_DROP, BUSY_RAISE = 0.5, 0.25  # a core counts as taken above BUSY_DROP, as free again below BUSY_RAISE
@@ -26,17 +29,17 @@ BUSY_DROP, BUSY_RAISE = 0.5, 0.25  # a core counts as taken above BUSY_DROP, as 
 def openmp_defaults(env: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
     """Set OpenMP's wait policy in `env` unless the user chose one (any OMP_WAIT_POLICY or GOMP_SPINCOUNT);
     returns what was set. Only effective before torch (and with it libgomp) is loaded."""
-    if any(k in env for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "HAFIZA_OMP_DEFAULTS")):
+    if any(k in env for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")) or settings.OMP_DEFAULTS.is_set(env):
         return {}
     env.update(WAIT_DEFAULTS)
-    env["HAFIZA_OMP_DEFAULTS"] = ",".join(WAIT_DEFAULTS)  # children know these were not the user's choice
+    env[settings.OMP_DEFAULTS.name] = ",".join(WAIT_DEFAULTS)  # children know these were not the user's choice
     return dict(WAIT_DEFAULTS)
 
 
 def user_environment(env: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
     """A copy of `env` without what `openmp_defaults` added: for peers (llama.cpp) that must run as the user would."""
     out = dict(env)
-    for name in out.pop("HAFIZA_OMP_DEFAULTS", "").split(","):
+    for name in out.pop(settings.OMP_DEFAULTS.name, "").split(","):
         out.pop(name, None)
     return out
 
@@ -104,7 +107,7 @@ class ThreadPolicy:
     """Chooses the intra-op thread count of the thread that runs the forward, step by step."""
 
     def __init__(self, maximum: int, cpus: list[int], adaptive: bool = True, stat_path: str = "/proc/stat") -> None:
-        """`adaptive` False keeps `maximum` threads whatever the load (the default; HAFIZA_ADAPTIVE_THREADS=1)."""
+        """`adaptive` False keeps `maximum` threads whatever the load (the default; settings.ADAPTIVE_THREADS)."""
         self.maximum, self.cpus, self.stat_path = maximum, cpus, stat_path
         self.current = maximum
         self.last = read_times(cpus, stat_path)
@@ -139,7 +142,7 @@ def _start() -> ThreadPolicy:
             cpus = allowed_cpus()
             _parts = _parts or max(1, min(torch.get_num_threads(), len(cpus)))
             maximum = len(cpus)  # each thread's own count caps it (adapt)
-            _policy = ThreadPolicy(maximum, cpus, adaptive=os.environ.get("HAFIZA_ADAPTIVE_THREADS", "0") == "1")
+            _policy = ThreadPolicy(maximum, cpus, adaptive=settings.ADAPTIVE_THREADS.read())
         return _policy
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hafiza import settings
 from hafiza.bench.common import write_json
 from hafiza.errors import HafizaError
 from hafiza.threads import allowed_cpus, user_environment
@@ -85,7 +86,7 @@ def run_worker(system: str, model: Path, weights: str, prefill: int, new_tokens:
     """One worker process; its JSON line, or an error row (never raises)."""
     env = dict(os.environ)
     if system == "llama.cpp":  # llama.cpp runs as the user would: without the OpenMP defaults hafiza sets itself
-        env = user_environment() | {"HAFIZA_OMP_DEFAULTS": ""}
+        env = user_environment() | {settings.OMP_DEFAULTS.name: ""}
     cmd = [sys.executable, "-m", "hafiza.bench.weights_worker", system, str(model), weights, str(prefill),
            str(new_tokens), str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -268,5 +269,5 @@ def server_load(sessions: int, weights: str) -> dict[str, Any]:
                                  len(allowed_cpus()), logs)
     if binary is None:
         out["rows"].append({"system": "llama.cpp llama-server", "error": "no llama-server binary found "
-                            "($HAFIZA_LLAMA_SERVER or PATH)"})
+                            f"(${settings.LLAMA_SERVER.name} or PATH)"})
     return out

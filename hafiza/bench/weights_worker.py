@@ -141,4 +141,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from hafiza.threads import openmp_defaults
+
+    openmp_defaults()  # before torch loads, as `hafiza.cli.main` does; a no-op when the parent chose for it
     main(sys.argv[1:])

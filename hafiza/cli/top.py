@@ -18,6 +18,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from hafiza import settings
 from hafiza.cli import app
 from hafiza.errors import HafizaError
 
@@ -240,7 +241,7 @@ def top(
     url: Annotated[str, typer.Option(help="The hafiza server.")] = "http://127.0.0.1:8000",
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
     api_key: Annotated[str | None, typer.Option(help="The server's key (its admin key shows prompt text).",
-                                                envvar="HAFIZA_API_KEY")] = None,
+                                                envvar=settings.API_KEY.name)] = None,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes (and between the two reads of "
                                                  "--once, for the rates).")] = 1.0,
 ) -> None:
