@@ -34,9 +34,11 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
 
 
 def sampling(req: SamplingFields, max_tokens: int, logprobs: int | None,
-             grammar: GrammarSpec | None, prompt_logprobs: int | None = None) -> SamplingParams:
+             grammar: GrammarSpec | None, prompt_logprobs: int | None = None,
+             speculative: bool | None = None) -> SamplingParams:
     """Engine settings shared by chat and legacy completions (OpenAI defaults: temperature 1, top_p 1), with
-    vLLM's extensions where the body has them (`no_stop_trim` is include_stop_str_in_output)."""
+    vLLM's extensions where the body has them (`no_stop_trim` is include_stop_str_in_output) and hafiza's
+    `speculative` (false: this request never drafts)."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     ext = req if isinstance(req, VllmFields) else VllmFields()
     return SamplingParams(
@@ -47,7 +49,7 @@ def sampling(req: SamplingFields, max_tokens: int, logprobs: int | None,
         seed=req.seed, stop=stop, n=req.n or 1, logit_bias=logit_bias(req.logit_bias),
         presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        logprobs=logprobs, prompt_logprobs=prompt_logprobs, grammar=grammar)
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs, grammar=grammar, speculative=speculative is not False)
 
 
 def chat_logprobs(req: ChatCompletionRequest) -> int | None:

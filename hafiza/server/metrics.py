@@ -65,6 +65,16 @@ class EngineCollector(Collector):
                       s.blocks.pinned_evictions)
         yield counter("prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
+        if s.spec is not None:
+            yield counter("spec_decode_num_drafts", "Drafts verified (speculative decoding).", s.spec.num_drafts)
+            yield counter("spec_decode_num_draft_tokens", "Tokens drafted.", s.spec.num_draft_tokens)
+            yield counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", s.spec.num_accepted_tokens)
+            per_pos = CounterMetricFamily("hafiza:spec_decode_num_accepted_tokens_per_pos",
+                                          "Drafts whose token at this position was accepted.",
+                                          labels=[*labels, "position"])
+            for pos, n in enumerate(s.spec.accepted_per_position):
+                per_pos.add_metric([*value, str(pos)], n)
+            yield per_pos
 
 
 class ServerMetrics:

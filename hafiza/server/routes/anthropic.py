@@ -78,7 +78,7 @@ async def messages(request: Request, state: ServerState = Depends(server_state))
     tool_use = ToolUse(tool_format(state.tokenizer), tools, choice)
     params = SamplingParams(max_tokens=req.max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                             top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p,
-                            stop=list(req.stop_sequences or []),
+                            stop=list(req.stop_sequences or []), speculative=req.speculative is not False,
                             grammar=tool_grammar(tool_use.tools, tool_use.choice, tool_use.fmt))
     counted = counted_breakpoints(prompt.breakpoints, state.settings.min_cache_tokens)
     gen = Generation(state, API, request, prompt, params, f"msg_{uuid.uuid4().hex[:24]}", pins_for(counted),

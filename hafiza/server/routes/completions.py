@@ -114,7 +114,7 @@ async def completions(request: Request, state: ServerState = Depends(server_stat
     runs: list[Run] = []
     for k, prompt in enumerate(prompts):
         params = sampling(req, req.max_tokens if req.max_tokens is not None else 16,
-                          req.logprobs, None, echo_lp)
+                          req.logprobs, None, echo_lp, speculative=req.speculative)
         gen = Generation(state, API, request, prompt, params, f"{rid}-{k}" if len(prompts) > 1 else rid,
                          cache_salt=request_partition(request, req.cache_salt))
         reader = lambda: ReplyReader(state.tokenizer, GENERIC, [], ToolChoice("none"))  # noqa: E731

@@ -61,7 +61,7 @@ def sampling_params(req: ChatCompletionRequest, prompt_len: int, state: ServerSt
         raise ApiError(400, "store: stored completions are not supported by this server", param="store")
     grammar = pick_grammar(tool_grammar(tool_use.tools, tool_use.choice, tool_use.fmt),
                            response_format_grammar(req.response_format))
-    return sampling(req, limit, chat_logprobs(req), grammar)
+    return sampling(req, limit, chat_logprobs(req), grammar, speculative=req.speculative)
 
 
 def _prepare(raw: bytes, state: ServerState) -> tuple[ChatCompletionRequest, Prompt, ToolUse]:

@@ -47,7 +47,10 @@ def vllm_sampling_params(p: SamplingParams) -> Json:
 
 def generate_request(request_id: str, ids: list[int], params: SamplingParams, model: str, stream: bool,
                      cache_salt: str | None) -> Json:
-    """vLLM's GenerateRequest for one prompt."""
+    """vLLM's GenerateRequest for one prompt; hafiza's `speculative: false` has no field there: refused."""
+    if not params.speculative:
+        raise ApiError(400, "speculative: a rendered request cannot carry hafiza's speculative opt-out; leave it "
+                            "out of the body", param="speculative")
     return {"request_id": request_id, "token_ids": ids, "features": None,
             "sampling_params": vllm_sampling_params(params), "model": model, "stream": stream,
             "stream_options": None, "cache_salt": cache_salt, "priority": 0, "kv_transfer_params": None}
@@ -73,7 +76,8 @@ def _chat(raw: bytes, state: ServerState) -> Json:
 def _completions(raw: bytes, state: ServerState) -> list[Json]:
     req, prompts = completions._prepare(raw, state)
     echo_lp = req.logprobs if req.echo and req.logprobs is not None else None
-    params = sampling(req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs, None, echo_lp)
+    params = sampling(req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs, None, echo_lp,
+                      speculative=req.speculative)
     rid = f"cmpl-{uuid.uuid4().hex[:24]}"
     out = []
     for k, prompt in enumerate(prompts):

@@ -201,7 +201,7 @@ def sampling_params(p: Prepared, state: ServerState) -> SamplingParams:
     grammar = pick_grammar(tool_grammar(p.tool_use.tools, p.tool_use.choice, p.tool_use.fmt),
                            response_format_grammar(_format(req), "text.format"))
     fields = SamplingFields(temperature=req.temperature, top_p=req.top_p)
-    return sampling(fields, limit, _logprobs(req), grammar)
+    return sampling(fields, limit, _logprobs(req), grammar, speculative=req.speculative)
 
 
 def _logprobs(req: ResponseRequest) -> int | None:

@@ -89,4 +89,5 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     metadata: dict[str, Any] | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    speculative: bool | None = None  # hafiza: false never drafts tokens for this request
     service_tier: Literal["auto", "standard_only"] | None = None

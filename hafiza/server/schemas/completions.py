@@ -22,6 +22,7 @@ class CompletionRequest(SamplingFields, VllmFields):
     best_of: int | None = Field(default=None, ge=1, le=16)
     suffix: str | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    speculative: bool | None = None  # hafiza: false never drafts tokens for this request
 
 
 class TokenizeRequest(BaseModel):

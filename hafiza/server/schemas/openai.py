@@ -168,4 +168,5 @@ class ChatCompletionRequest(SamplingFields, ChatVllmFields):
     store: bool | None = None
     prompt_cache_key: str | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    speculative: bool | None = None  # hafiza: false never drafts tokens for this request
     safety_identifier: str | None = None

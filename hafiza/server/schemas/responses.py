@@ -134,3 +134,4 @@ class ResponseRequest(BaseModel):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    speculative: bool | None = None  # hafiza: false never drafts tokens for this request
