@@ -9,6 +9,13 @@ from typing import Annotated
 import typer
 
 from hafiza.cli import app
+from hafiza.cli.speculative import (
+    NumSpeculativeTokens,
+    PromptLookupMax,
+    PromptLookupMin,
+    SpeculativeMethod,
+    speculative_config,
+)
 from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype, Weights
 
 
@@ -29,15 +36,22 @@ def generate(
     kv_dtype: KvDtype = "auto",
     eviction: Eviction = None,
     kv_budget_tokens: KvBudgetTokens = None,
+    speculative_method: SpeculativeMethod = None,
+    num_speculative_tokens: NumSpeculativeTokens = None,
+    prompt_lookup_max: PromptLookupMax = None,
+    prompt_lookup_min: PromptLookupMin = None,
 ) -> None:
     """Generate text from PROMPT, streaming it as it is produced."""
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
     from hafiza.models import load_model
 
+    speculative = speculative_config(speculative_method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
+                                     eviction)
     t0 = time.perf_counter()
     lm = load_model(model, dtype=dtype, device=device, weights=weights)
     load_s = time.perf_counter() - t0
-    engine = LLMEngine(lm, EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens))
+    engine = LLMEngine(lm, EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens,
+                                       speculative=speculative))
     text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             stop=list(stop or []))

@@ -8,6 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hafiza.cli import app
+from hafiza.cli.speculative import (
+    NumSpeculativeTokens,
+    PromptLookupMax,
+    PromptLookupMin,
+    SpeculativeMethod,
+    speculative_config,
+)
 from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype, Weights
 
 if TYPE_CHECKING:
@@ -108,6 +115,10 @@ def serve(
         metavar="ENDPOINT",
         help="ZMQ ROUTER socket where a subscriber that missed KV events asks for them again (needs --kv-events).")
                                 ] = None,
+    speculative_method: SpeculativeMethod = None,
+    num_speculative_tokens: NumSpeculativeTokens = None,
+    prompt_lookup_max: PromptLookupMax = None,
+    prompt_lookup_min: PromptLookupMin = None,
 ) -> None:
     """Serve the model over HTTP until interrupted."""
     import uvicorn
@@ -132,6 +143,8 @@ def serve(
     if kv_events is not None and block_size % 16:
         raise HafizaError(f"--kv-events announces blocks of 16 tokens, as vLLM does: --block-size {block_size} "
                           f"must be a multiple of 16")
+    speculative = speculative_config(speculative_method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
+                                     eviction)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     security = _security(host, api_key, api_keys_file, admin_key, shared_cache, explain_details, allowed_host,
                          cors_origin, metrics_auth, dashboard_auth)
@@ -140,7 +153,7 @@ def serve(
                            {"ram": store_ram_codec, "disk": store_disk_codec, "redis": store_redis_codec})
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                          eviction=eviction, kv_budget_tokens=kv_budget_tokens)
+                          eviction=eviction, kv_budget_tokens=kv_budget_tokens, speculative=speculative)
     aengine = build_engine(model, device, dtype, config, max_waiting, max_queue_time, weights=weights)
     connector = _connect_store(aengine.engine, store)
     events = None
