@@ -169,3 +169,16 @@ def test_opted_out_request_drafts_nothing(default_model: LoadedModel, prompts: l
     params = replace(mixed(1)[0], speculative=False)
     assert key(eng.generate([prompts[0]], [params])) == [plain[0]]
     assert eng.stats().spec.num_drafts == 0  # type: ignore[union-attr]
+
+
+def test_grammar_checked_drafts(default_model: LoadedModel, prompts: list[list[int]]) -> None:
+    """A JSON echo under a json_object grammar: drafts pass through the grammar's mask row by row and the output is
+    plain decoding's."""
+    from hafiza.engine.grammar import GrammarSpec
+
+    params = replace(BASE, max_tokens=60, grammar=GrammarSpec("json_object"))
+    reference = key(engine(default_model, speculative=False).generate([prompts[1]], [params]))
+    eng = engine(default_model)
+    assert key(eng.generate([prompts[1]], [params])) == reference
+    eng.check_integrity()
+    assert eng.stats().spec.num_accepted_tokens > 0  # type: ignore[union-attr]
