@@ -17,10 +17,10 @@ from types import ModuleType
 
 import torch
 
+import hafiza.models.linear as linear
 import hafiza.models.llama as llama
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.models import load_model
-from hafiza.models.linear import DenseLinear
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,18 +56,15 @@ def main() -> None:
     rev = sys.argv[2] if len(sys.argv) > 2 else "647c433~1"
     tmp = Path(tempfile.mkdtemp())
     old_attn, old_llama = old_module(rev, "attention", tmp), old_module(rev, "llama", tmp)
-    new_attn, new_linear = llama.paged_attention, llama.cpu_fp32_linear
+    new_attn, new_linear = llama.paged_attention, linear.cpu_fp32_linear
     model = load_model(dtype="fp32", device="cpu")
-    dense = [p for lin in model.model.weights.linears() for p in getattr(lin, "parts", [lin])
-             if isinstance(p, DenseLinear)]
     ids = model.tokenizer.encode((ROOT / "bench/texts/en_declaration_gettysburg.txt").read_text())
     res: dict[str, dict[str, list[float]]] = {k: {"prefill512": [], "decode1@512": [], "decode16@32": []}
                                               for k in ("old", "new")}
     for _ in range(reps):
         for kind in ("old", "new"):
             llama.paged_attention = new_attn if kind == "new" else old_attn.paged_attention
-            for p in dense:
-                p.matmul = new_linear if kind == "new" else old_llama.cpu_fp32_linear
+            linear.cpu_fp32_linear = new_linear if kind == "new" else old_llama.cpu_fp32_linear
             t = step_times(model, [ids[:512]], 17)
             res[kind]["prefill512"].append(t[0])
             res[kind]["decode1@512"] += t[1:]

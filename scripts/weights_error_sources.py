@@ -21,8 +21,8 @@ from hafiza.cache.pool import layout_for, make_kv_pool
 from hafiza.models import load_model
 from hafiza.models.attention import AttentionMetadata, PrefillSpan
 from hafiza.models.gguf_file import config_from_gguf, gguf_fields, gguf_sources, open_gguf
-from hafiza.models.linear import INT4_GROUP, Int4Linear, Linear
-from hafiza.models.llama import LlamaModel, cpu_fp32_linear
+from hafiza.models.linear import INT4_GROUP, Int4Linear, Linear, cpu_fp32_linear
+from hafiza.models.llama import LlamaModel
 from hafiza.models.loader import LoadedModel, default_model_path
 from hafiza.models.weights import LayerWeights, Source, build_linear
 

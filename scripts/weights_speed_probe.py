@@ -32,8 +32,7 @@ from hafiza.cache.formats.full import FullPrecisionKV
 from hafiza.cache.layout import KVLayout
 from hafiza.models import attention
 from hafiza.models.attention import AttentionMetadata, PrefillSpan
-from hafiza.models.linear import Int4Linear
-from hafiza.models.llama import cpu_fp32_linear
+from hafiza.models.linear import Int4Linear, cpu_fp32_linear
 
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down of SmolLM2-135M
 HEAD = (49152, 1152)  # the tied Q8_0 head as two int4 planes

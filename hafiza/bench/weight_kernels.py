@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.bench.common import write_json
-from hafiza.models.llama import cpu_fp32_linear
+from hafiza.models.linear import cpu_fp32_linear
 
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M: qkv, o, gate_up, down
 HEAD = (49152, 576)

@@ -4,7 +4,8 @@ The same integers and the same fp32 arithmetic as `ggml_blocks.unpack_rows` foll
 in `weights.py` (which stays the reference: tests/models/test_ggml_repack.py compares both bit for bit), without
 the dozen whole-chunk numpy temporaries per tensor that made a 1.5B model take ~40 s to load:
 
-- `int4_rows`: 4-bit blocks (Q4_0, Q4_1, Q4_K) -> the CPU int4 kernel's packed layout + fp32 scale / zero.
+- `int4_rows`: 4-bit blocks (Q4_0, Q4_1, Q4_K) -> the CPU int4 kernel's packed layout (32- or 64-row blocks,
+  as the running ISA's kernel reads them) + fp32 scale / zero.
 - `int4x2_rows`: Q8_0 -> two int4 planes [hi | lo] in that layout + fp32 scale / zero.
 - `int8_rows`: any supported type -> int8 per output row (dequantized, then q = round(w / (max|w| / 127))).
 - `dequant_rows`: any supported type -> fp32 (gguf's values).
@@ -171,13 +172,14 @@ def _transpose8(x: np.ndarray) -> None:
 
 @numba.njit(cache=True, nogil=True)
 def _emit_group(tile: np.ndarray, c0: int, out: np.ndarray, kk0: int, x: np.ndarray) -> None:
-    """32 values (words c0..c0+3) of 32 rows of tile [32, words] -> out [K, 2] (one 32-row block of the packed
-    layout as words) at inputs kk0..kk0+31: byte j of input kk is row j's value | row j + 16's value << 4."""
-    for rb in range(2):
+    """32 values (words c0..c0+3) of the B rows of tile [B, words] -> out [K, B / 16] (one B-row block of the
+    packed layout as words) at inputs kk0..kk0+31: byte j of input kk is row j's value | row j + B / 2's << 4."""
+    half = tile.shape[0] // 2
+    for rb in range(half // 8):
         for c in range(4):
             for r in range(8):
                 j = rb * 8 + r
-                x[r] = tile[j, c0 + c] | (tile[j + 16, c0 + c] << U(4))
+                x[r] = tile[j, c0 + c] | (tile[j + half, c0 + c] << U(4))
             _transpose8(x)
             for b in range(8):
                 out[U(kk0 + c * 8 + b), U(rb)] = x[b]
@@ -185,25 +187,27 @@ def _emit_group(tile: np.ndarray, c0: int, out: np.ndarray, kk0: int, x: np.ndar
 
 @numba.njit(cache=True, nogil=True)
 def int4_rows(raw: np.ndarray, qt: int, f16: np.ndarray, row0: int, packed: np.ndarray, sz: np.ndarray) -> None:
-    """raw [r, bytes] (r a multiple of 32) of a 4-bit 32-wide type -> rows row0..row0 + r of packed
-    [N // 32, K, 2] uint64 (the kernel's [N // 32, K, 16] bytes: row j of a 32-row block in the low nibble,
-    j + 16 in the high one) and of sz [K // 32, N, 2], the bf16 bits of (scale, zero + 8 * scale): the kernel
-    computes (q - 8) * scale + zero. One file block of 32 rows at a time, so the tile stays in the L1 cache."""
+    """raw [r, bytes] (r a multiple of the block B) of a 4-bit 32-wide type -> rows row0..row0 + r of packed
+    [N // B, K, B / 16] uint64 (the kernel's [N // B, K, B / 2] bytes: row j of a B-row block in the low nibble,
+    j + B / 2 in the high one; B = 64 under AVX-512, 32 under AVX2) and of sz [K // 32, N, 2], the bf16 bits of
+    (scale, zero + 8 * scale): the kernel computes (q - 8) * scale + zero. One block of B rows at a time, so the
+    tile stays in the L1 cache."""
     k = packed.shape[1]
+    rows = packed.shape[2] * 16
     bv = _block_values(qt)
     gpb = bv // 32
-    tile = np.empty((32, bv // 8), np.uint64)
+    tile = np.empty((rows, bv // 8), np.uint64)
     s_blk = np.empty(gpb, np.float32)
     z_blk = np.empty(gpb, np.float32)
     x = np.empty(8, np.uint64)
     box = np.empty(1, np.float32)
     bits = box.view(np.uint32)
-    for blk in range(raw.shape[0] // 32):
-        n = row0 + blk * 32
-        out = packed[row0 // 32 + blk]
+    for blk in range(raw.shape[0] // rows):
+        n = row0 + blk * rows
+        out = packed[row0 // rows + blk]
         for b in range(k // bv):
-            for j in range(32):
-                _decode_block(raw[blk * 32 + j], qt, f16, b, tile[j], 0, s_blk, z_blk, 0)
+            for j in range(rows):
+                _decode_block(raw[blk * rows + j], qt, f16, b, tile[j], 0, s_blk, z_blk, 0)
                 for g in range(gpb):
                     sz[U(b * gpb + g), U(n + j), 0] = _bf16(s_blk[g], box, bits)
                     sz[U(b * gpb + g), U(n + j), 1] = _bf16(z_blk[g] + np.float32(8.0) * s_blk[g], box, bits)
@@ -214,24 +218,25 @@ def int4_rows(raw: np.ndarray, qt: int, f16: np.ndarray, row0: int, packed: np.n
 @numba.njit(cache=True, nogil=True)
 def int4x2_rows(raw: np.ndarray, f16: np.ndarray, row0: int, packed: np.ndarray, sz: np.ndarray) -> None:
     """Q8_0 raw [r, bytes] -> two int4 planes, u = q + 128, hi = u >> 4 at inputs 0..K-1 and lo = u & 15 at
-    K..2K-1 of packed [N // 32, 2K, 2] uint64 (layout of int4_rows); sz [2K // 32, N, 2] holds the bf16 bits of
-    (16 s, 0) for hi and (s, 8 s) for lo (weights.two_plane_parts' values)."""
+    K..2K-1 of packed [N // B, 2K, B / 16] uint64 (layout of int4_rows); sz [2K // 32, N, 2] holds the bf16 bits
+    of (16 s, 0) for hi and (s, 8 s) for lo (weights.two_plane_parts' values)."""
     k = packed.shape[1] // 2
+    rows = packed.shape[2] * 16
     groups = k // 32
-    q = np.empty((32, 4), np.uint64)
-    hi = np.empty((32, 4), np.uint64)
-    lo = np.empty((32, 4), np.uint64)
+    q = np.empty((rows, 4), np.uint64)
+    hi = np.empty((rows, 4), np.uint64)
+    lo = np.empty((rows, 4), np.uint64)
     s_blk = np.empty(1, np.float32)
     z_blk = np.empty(1, np.float32)
     x = np.empty(8, np.uint64)
     box = np.empty(1, np.float32)
     bits = box.view(np.uint32)
-    for blk in range(raw.shape[0] // 32):
-        n = row0 + blk * 32
-        out = packed[row0 // 32 + blk]
+    for blk in range(raw.shape[0] // rows):
+        n = row0 + blk * rows
+        out = packed[row0 // rows + blk]
         for b in range(groups):
-            for j in range(32):
-                _decode_block(raw[blk * 32 + j], Q8_0, f16, b, q[j], 0, s_blk, z_blk, 0)
+            for j in range(rows):
+                _decode_block(raw[blk * rows + j], Q8_0, f16, b, q[j], 0, s_blk, z_blk, 0)
                 for i in range(4):
                     u = q[j, i] ^ SIGNS
                     hi[j, i] = (u >> U(4)) & LOW4

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType
 from hafiza.models.ggml_blocks import unpack_rows
 
 INT4_GROUP = 32
-FP32_ROW_TILE = 16
+ROW_TILE = 16  # rows per CPU float matmul call: whole tiles run the same BLAS kernel whatever the row count
 
 
 class Linear(Protocol):
@@ -45,34 +45,58 @@ class Linear(Protocol):
 Matmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class DenseLinear:
-    """A plain weight [out, in] in fp32, bf16 or fp16; the input is cast to the weight's dtype and back.
-    `matmul` is F.linear unless the model gives a faster one with the same values (fp32 decode on the CPU)."""
+def in_row_tiles(x: torch.Tensor, w: torch.Tensor, matmul: Matmul) -> torch.Tensor:
+    """matmul(x, w) run on zero-padded tiles of exactly ROW_TILE rows, one call per tile, so row i of the output
+    depends only on row i of x, bit for bit. MKL and oneDNN pick their kernel (and its rounding) by the row
+    count and the thread split, below 16 rows on one CPU, below 4 on another; a fixed tile shape runs one kernel
+    for every row (tests/models/test_linear_formats.py, test_linear_invariance.py)."""
+    rows = x.shape[0]
+    pad = -rows % ROW_TILE
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    if x.shape[0] == ROW_TILE:
+        return matmul(x, w)[:rows]
+    return torch.cat([matmul(tile, w) for tile in x.split(ROW_TILE)])[:rows]
 
-    def __init__(self, w: torch.Tensor, matmul: Matmul = F.linear) -> None:
-        self.w, self.matmul = w.contiguous(), matmul
+
+def _sliced_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """One tile times w with w's output rows split into decode_parts() slices run as one batched matmul: MKL runs
+    F.linear's matrix-vector form on one thread only, and the slices stream the weight up to 1.6x faster."""
+    from hafiza.threads import decode_parts
+
+    (out_features, in_features), rows = w.shape, x.shape[0]
+    parts = decode_parts()
+    if parts < 1 or out_features % parts:
+        parts = 1
+    slices = w.view(parts, out_features // parts, in_features).transpose(1, 2)
+    return torch.bmm(x.unsqueeze(0).expand(parts, rows, in_features), slices).transpose(0, 1).reshape(rows, -1)
+
+
+def cpu_fp32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T for fp32 on the CPU, row-invariant (in_row_tiles) with the decode slices fixed for the process, so
+    a token's values do not depend on its batch-mates (tests/models/test_linear_invariance.py)."""
+    out = in_row_tiles(x, w, _sliced_fp32)
+    return out if bias is None else out + bias
+
+
+class DenseLinear:
+    """A plain weight [out, in] in fp32, bf16 or fp16; the input is cast to the weight's dtype and back. On the
+    CPU the product runs in whole row tiles (fp32 through cpu_fp32_linear), so every row is batch-invariant."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w = w.contiguous()
         self.out_features, self.in_features = w.shape
         self.kind = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[w.dtype]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w.dtype == torch.float32 and x.device.type == "cpu":
-            if self.matmul is not F.linear:  # the model's own fp32 matmul, row-invariant by itself
-                return self.matmul(x.float(), self.w).to(x.dtype)
-            return self._fp32_cpu(x.float()).to(x.dtype)
-        if x.dtype == self.w.dtype:
-            return self.matmul(x, self.w)
-        return self.matmul(x.to(self.w.dtype), self.w).to(x.dtype)
-
-    def _fp32_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """MKL's fp32 values for a row change with the number of rows below ~10; padded to a multiple of
-        FP32_ROW_TILE rows with zeros they do not (tests/models/test_linear_formats.py), at the cost of computing
-        the padding rows."""
-        rows = x.shape[0]
-        pad = -rows % FP32_ROW_TILE
-        if pad:
-            x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-        y = self.matmul(x, self.w)
-        return y[:rows] if pad else y
+        xw = x if x.dtype == self.w.dtype else x.to(self.w.dtype)
+        if x.device.type != "cpu":
+            y = F.linear(xw, self.w)
+        elif self.w.dtype == torch.float32:
+            y = cpu_fp32_linear(xw, self.w)
+        else:
+            y = in_row_tiles(xw, self.w, F.linear)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def dense(self) -> torch.Tensor:
         return self.w.float()
@@ -82,12 +106,19 @@ class DenseLinear:
         return self.w.numel() * self.w.element_size()
 
 
-def pack_int4_cpu_numpy(q: np.ndarray) -> np.ndarray:
-    """The CPU kernel's layout written directly: blocks of 32 output rows, for each input k 16 bytes holding rows
-    j (low nibble) and j + 16 (high nibble). Used only where it equals torch's own packing (checked once)."""
+def pack_int4_cpu_numpy(q: np.ndarray, block: int) -> np.ndarray:
+    """The CPU kernel's layout written directly: blocks of `block` output rows (64 under AVX-512, 32 under AVX2),
+    for each input k block / 2 bytes holding rows j (low nibble) and j + block / 2 (high nibble); a last partial
+    block holds rows 2i and 2i + 1 in byte i, as torch's packer writes it."""
     n, k = q.shape
-    v = q.reshape(n // 32, 2, 16, k)
-    return np.ascontiguousarray((v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1)).reshape(n, k // 2)
+    full = n - n % block
+    v = q[:full].reshape(full // block, 2, block // 2, k)
+    out = np.empty((n, k // 2), dtype=np.uint8)
+    out[:full] = np.ascontiguousarray((v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1)).reshape(full, k // 2)
+    if full < n:
+        tail = q[full:]
+        out[full:] = np.ascontiguousarray((tail[0::2] | (tail[1::2] << 4)).T).reshape(n - full, k // 2)
+    return out
 
 
 def _pack_int4_cpu_torch(q: np.ndarray) -> torch.Tensor:
@@ -101,21 +132,25 @@ def _pack_int4_cpu_torch(q: np.ndarray) -> torch.Tensor:
     return out
 
 
-_NUMPY_PACK_MATCHES: list[bool] = []
+_BLOCK_ROWS: list[int | None] = []
 
 
-def numpy_pack_matches_torch() -> bool:
-    """Whether this build's CPU int4 layout is the one `pack_int4_cpu_numpy` writes (160 x 96 random probe)."""
-    if not _NUMPY_PACK_MATCHES:
+def int4_block_rows() -> int | None:
+    """Rows per block of the int4 layout that this process's CPU kernel reads: 64 under AVX-512, 32 under AVX2
+    (torch picks by `ATEN_CPU_CAPABILITY` and the CPU), found by packing a 160 x 96 probe with torch itself; None
+    if neither layout matches (then every int4 weight is packed by torch)."""
+    if not _BLOCK_ROWS:
         q = np.random.default_rng(0).integers(0, 16, size=(160, 96), dtype=np.uint8)
-        _NUMPY_PACK_MATCHES.append(bool(np.array_equal(pack_int4_cpu_numpy(q), _pack_int4_cpu_torch(q).numpy())))
-    return _NUMPY_PACK_MATCHES[0]
+        theirs = _pack_int4_cpu_torch(q).numpy()
+        _BLOCK_ROWS.append(next((b for b in (64, 32) if np.array_equal(pack_int4_cpu_numpy(q, b), theirs)), None))
+    return _BLOCK_ROWS[0]
 
 
 def _pack_int4_cpu(q: np.ndarray) -> torch.Tensor:
     """uint8 values [N, K] (0..15) -> the CPU kernel's packed [N, K / 2]."""
-    if q.shape[0] % 32 == 0 and numpy_pack_matches_torch():
-        return torch.from_numpy(pack_int4_cpu_numpy(q))
+    block = int4_block_rows()
+    if block is not None:
+        return torch.from_numpy(pack_int4_cpu_numpy(q, block))
     return _pack_int4_cpu_torch(q)
 
 

@@ -10,12 +10,10 @@ import torch.nn.functional as F
 from hafiza.errors import ModelLoadError
 from hafiza.models.attention import AttentionMetadata, paged_attention
 from hafiza.models.config import ModelConfig
-from hafiza.models.linear import DenseLinear
 from hafiza.models.rope import RotaryEmbedding, apply_rope
 from hafiza.models.weights import LayerWeights as LayerWeights  # re-exported: the codec reads layers
 from hafiza.models.weights import ModelWeights, Source, build_model_weights, tensor_source
 from hafiza.threads import adapt as adapt_threads
-from hafiza.threads import decode_parts
 
 if TYPE_CHECKING:
     from hafiza.cache.pool import KVPool
@@ -28,28 +26,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-ROW_TILE = 4  # MKL computes a remainder of 1-3 rows with other kernels (other rounding) than whole tiles of 4
-
-
-def cpu_fp32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T for fp32 on the CPU, row-invariant: row i of the output depends only on row i of x, bit for bit,
-    whatever the row count (tests/models/test_linear_invariance.py), so a token's values do not depend on its
-    batch-mates. Rows are padded with zeros to a multiple of ROW_TILE. The weight's output rows are split into
-    decode_parts() slices (fixed for the process) run as one batched matmul: for a decode, MKL runs F.linear's
-    matrix-vector form on one thread only, and the slices stream the weight up to 1.6x faster (docs/ENGINE.md)."""
-    rows, (out_features, in_features) = x.shape[0], w.shape
-    parts = decode_parts()
-    if parts < 1 or out_features % parts:
-        parts = 1
-    padded = max(ROW_TILE, -(-rows // ROW_TILE) * ROW_TILE)
-    if padded != rows:
-        x = torch.cat([x, x.new_zeros(padded - rows, in_features)])
-    slices = w.view(parts, out_features // parts, in_features).transpose(1, 2)
-    out = torch.bmm(x.unsqueeze(0).expand(parts, padded, in_features), slices).transpose(0, 1).reshape(padded, -1)
-    out = out[:rows]
-    return out if bias is None else out + bias
 
 
 class LlamaModel:
@@ -72,11 +48,6 @@ class LlamaModel:
             raise ModelLoadError("q/k/v projection shapes do not match the config's heads and head_dim")
         self.rope = RotaryEmbedding(c, dtype, device, weights.rope_freqs)
         self.q_size, self.kv_size = expect_q, c.num_kv_heads * c.head_dim
-        if dtype == torch.float32 and device.type == "cpu":
-            for lin in weights.linears():
-                for part in getattr(lin, "parts", [lin]):
-                    if isinstance(part, DenseLinear) and part.w.dtype == torch.float32:
-                        part.matmul = cpu_fp32_linear
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

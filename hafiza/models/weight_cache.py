@@ -3,8 +3,8 @@
 Repacking a 1.5B model costs seconds of CPU (the compiled kernels, numba's start, zeroing the new memory); a later
 load of the same file in the same format maps the kernel-layout arrays straight from the cache, as llama.cpp
 maps its own file. One directory per (GGUF size, mtime, sha256 of its first and last MiB, torch version, weights
-mode, device type, layout version); one file per repacked matmul, written to a temporary name and renamed, so a
-reader never sees half a file. Only the CPU layout is cached.
+mode, device type, the running ISA's int4 block rows, layout version); one file per repacked matmul, written to a
+temporary name and renamed, so a reader never sees half a file. Only the CPU layout is cached.
 
 Directory: `HAFIZA_WEIGHTS_CACHE` (a path, or `off` to disable), else `$XDG_CACHE_HOME/hafiza/weights`, else
 `~/.cache/hafiza/weights`. The `KEEP` most recently used models are kept, older ones removed.
@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from hafiza.models.linear import int4_block_rows
 
 LAYOUT_VERSION = "1"  # bump when a cached array's layout or values change
 KEEP = 4
@@ -43,8 +45,9 @@ def cache_root() -> Path | None:
 def model_key(path: Path, mode: str, device: torch.device) -> str:
     """The cache directory's name for one GGUF file loaded with `mode` on `device`."""
     st = path.stat()
-    h = hashlib.sha256(f"{LAYOUT_VERSION}|{torch.__version__}|{mode}|{device.type}|{st.st_size}|{st.st_mtime_ns}"
-                       .encode())
+    layout = int4_block_rows() if device.type == "cpu" else None  # the int4 layout follows the ISA torch runs
+    h = hashlib.sha256(f"{LAYOUT_VERSION}|{torch.__version__}|{mode}|{device.type}|{layout}|{st.st_size}|"
+                       f"{st.st_mtime_ns}".encode())
     with path.open("rb") as f:
         h.update(f.read(1 << 20))
         f.seek(max(0, st.st_size - (1 << 20)))

@@ -32,13 +32,14 @@ from hafiza.models.linear import (
     Linear,
     RefinedHead,
     Rows,
-    numpy_pack_matches_torch,
+    int4_block_rows,
     pack_int4_cpu_numpy,
 )
 from hafiza.models.weight_cache import WeightCache
 
 WEIGHT_MODES = ("auto", "q4", "q8", "bf16", "fp32")
 CHUNK_VALUES = 1 << 24  # rows are read and converted ~16M values at a time
+ROW_ALIGN = 64  # chunks and jobs start at multiples of this: whole blocks of either CPU int4 layout (64 or 32 rows)
 JOB_VALUES = 1 << 21  # the compiled repacking runs ~2M values per job, jobs spread over the allowed cores
 
 _DENSE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -76,7 +77,7 @@ class Source:
 
     def chunks(self) -> list[tuple[int, int]]:
         k = int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
-        step = max(32, (CHUNK_VALUES // max(k, 1)) // 32 * 32)
+        step = max(ROW_ALIGN, (CHUNK_VALUES // max(k, 1)) // ROW_ALIGN * ROW_ALIGN)
         return [(a, min(a + step, self.rows)) for a in range(0, self.rows, step)]
 
 
@@ -117,7 +118,7 @@ _POOL: list[ThreadPoolExecutor] = []
 
 
 def _run_rows(srcs: list[Source], job: Callable[[Source, int, int, int], None]) -> None:
-    """job(src, first output row, a, b) over row ranges of every source (multiples of 32 rows), on a thread per
+    """job(src, first output row, a, b) over row ranges of every source (multiples of ROW_ALIGN rows), on a thread per
     allowed core (the kernels release the GIL); each range's file pages are dropped once it is done."""
     from hafiza.threads import allowed_cpus
 
@@ -131,7 +132,7 @@ def _run_rows(srcs: list[Source], job: Callable[[Source, int, int, int], None]) 
     tasks = []
     row = 0
     for s in srcs:
-        step = max(32, JOB_VALUES // max(s.shape[1], 1) // 32 * 32)
+        step = max(ROW_ALIGN, JOB_VALUES // max(s.shape[1], 1) // ROW_ALIGN * ROW_ALIGN)
         tasks += [(s, row, a, min(a + step, s.rows)) for a in range(0, s.rows, step)]
         row += s.rows
     workers = min(len(allowed_cpus()), 8)
@@ -156,7 +157,9 @@ def _int4_compiled(srcs: list[Source], device: torch.device, planes: int,
     if stored is not None:
         sz = torch.from_numpy(stored[size:].view(np.int16)).view(torch.bfloat16).view(k // INT4_GROUP, n, 2)
         return Int4Linear(torch.from_numpy(stored[:size]).view(n, k // 2), sz, device, planes)
-    packed = np.empty((n // 32, k, 16), dtype=np.uint8)
+    block = int4_block_rows()
+    assert block is not None
+    packed = np.empty((n // block, k, block // 2), dtype=np.uint8)
     sz = torch.empty(k // INT4_GROUP, n, 2, dtype=torch.bfloat16)  # the kernel's [G, N, (scale, zero)]
     words, sz_bits = packed.view(np.uint64), sz.view(torch.int16).numpy().view(np.uint16)
 
@@ -281,7 +284,8 @@ def _int4(srcs: list[Source], device: torch.device, planes: int = 1, cache: Weig
     """int4 group-wise from 4-bit sources (planes=1) or 8-bit ones as two exact planes (planes=2)."""
     parts_of = _int4_parts if planes == 1 else _int4x2_parts
     n, k = sum(s.rows for s in srcs), srcs[0].shape[1] * planes
-    cpu_layout = device.type == "cpu" and all(s.rows % 32 == 0 for s in srcs) and numpy_pack_matches_torch()
+    block = int4_block_rows() if device.type == "cpu" else None
+    cpu_layout = block is not None and all(s.rows % block == 0 for s in srcs)
     types = kernels.INT4_TYPES if planes == 1 else {GGMLQuantizationType.Q8_0}
     if cpu_layout and _compiled(srcs) and all(s.qtype in types for s in srcs):
         return _int4_compiled(srcs, device, planes, cache)
@@ -293,7 +297,7 @@ def _int4(srcs: list[Source], device: torch.device, planes: int = 1, cache: Weig
         for s in srcs:
             for a, b in s.chunks():
                 q, scale, zero = parts_of(s.read(a, b))
-                packed[row + a : row + b] = pack_int4_cpu_numpy(q)
+                packed[row + a : row + b] = pack_int4_cpu_numpy(q, block)
                 sz[:, row + a : row + b, 0] = torch.from_numpy(scale).t()
                 sz[:, row + a : row + b, 1] = torch.from_numpy(zero).t()
             row += s.rows

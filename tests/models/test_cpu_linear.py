@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hafiza.models.llama import ROW_TILE, cpu_fp32_linear
+from hafiza.models.linear import ROW_TILE, cpu_fp32_linear
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -11,7 +11,7 @@ from gguf.quants import dequantize
 
 from hafiza.models import weights
 from hafiza.models.ggml_blocks import BLOCK, SUPPORTED, unpack_rows
-from hafiza.models.linear import Int4Linear, Int8Linear
+from hafiza.models.linear import Int4Linear, Int8Linear, int4_block_rows
 from hafiza.models.weights import Source, build_linear
 from tests.support.gguf_models import random_blocks
 
@@ -59,15 +59,24 @@ def assert_same(a: object, b: object) -> None:
         raise AssertionError(f"unexpected linear {type(a).__name__}")
 
 
+@pytest.mark.parametrize("sizes", [(96, 32, 64), (192, 64, 128)], ids=["32-row-parts", "64-row-parts"])
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q4_K, T.Q8_0], ids=lambda t: t.name)
-def test_int4_formats_match_reference(qtype: T, job_values: int) -> None:
-    """auto: 4-bit types as int4, Q8_0 as two int4 planes; q/k/v-like fused parts of different sizes."""
+def test_int4_formats_match_reference(qtype: T, sizes: tuple[int, ...], job_values: int,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: 4-bit types as int4, Q8_0 as two int4 planes; q/k/v-like fused parts of different sizes. Parts that
+    are whole blocks of the running kernel's layout (64 rows under AVX-512, 32 under AVX2) take the compiled path."""
+    compiled = []
+    real = weights._int4_compiled
+    monkeypatch.setattr(weights, "_int4_compiled", lambda *a, **kw: compiled.append(1) or real(*a, **kw))
     k = 512
-    parts = [sources(blocks(rows, k, qtype, i), qtype, k) for i, rows in enumerate((96, 32, 64))]
+    parts = [sources(blocks(rows, k, qtype, i), qtype, k) for i, rows in enumerate(sizes)]
     ref = build_linear([p[0] for p in parts], "auto", CPU)
     fast = build_linear([p[1] for p in parts], "auto", CPU)
     assert fast.kind == ("int4x2" if qtype == T.Q8_0 else "int4")
     assert_same(ref, fast)
+    block = int4_block_rows()
+    assert block is not None
+    assert bool(compiled) == all(r % block == 0 for r in sizes)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hafiza.models.llama import cpu_fp32_linear, rms_norm
+from hafiza.models.linear import cpu_fp32_linear
+from hafiza.models.llama import rms_norm
 from tests.support.invariance import ROW_COUNTS, assert_row_invariant
 
 # SmolLM2-135M: qkv, o, gate_up, down, and a slice of the vocabulary head; 97 outputs split into no equal parts

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
+from difflib import SequenceMatcher
 
 import httpx
 import pytest
@@ -42,11 +43,17 @@ def ask(c: httpx.Client, model: str, text: str, key: str | None = None, max_toke
     return r
 
 
+def _shared_text(a: str, b: str) -> str:
+    """The longest piece of text a and b share (a preview's tail also holds the template and the answer)."""
+    m = SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b))
+    return a[m.a : m.a + m.size]
+
+
 def test_an_api_key_reads_no_prompt_text_and_clears_nothing(keyed: Server) -> None:
     """The reproduction: with one shared key every user could read others' prompts and clear the tiers."""
     secret = "Confidential: the merger with Globex closes on Friday. " + long_text("role-secret", 120)
     with httpx.Client(base_url=keyed.url, timeout=300) as c:
-        ask(c, keyed.model, secret, ALICE, max_tokens=6)  # runs over several steps: the prefix index sees it
+        ask(c, keyed.model, secret, ALICE, max_tokens=6)
         state = c.get("/dashboard/state", headers={"x-api-key": BOB})
         assert state.status_code == 200 and state.json()["admin"] is False
         assert state.json()["prefixes"] and all(p["head"] is None and p["tail"] is None and p["id"] is None
@@ -57,8 +64,10 @@ def test_an_api_key_reads_no_prompt_text_and_clears_nothing(keyed: Server) -> No
             assert r.status_code == 403 and "admin key" in r.json()["error"]["message"]
         assert keyed.engine_stats().blocks.cached > 0
         admin = c.get("/dashboard/state", headers={"x-api-key": ADMIN}).json()
-        tails = [p["tail"] for p in admin["prefixes"] if p["tail"] and p["tail"] in secret]
-        assert admin["admin"] is True and tails and tails[0] not in state.text
+        seen = [_shared_text(p["tail"] or "", secret) for p in admin["prefixes"]]
+        seen = [text for text in seen if len(text) >= 20]
+        assert admin["admin"] is True and seen, "the admin's listing shows none of the prompt's text"
+        assert not any(text in state.text for text in seen)
         assert c.post("/dashboard/tiers/pool/clear", json={}, headers={"x-api-key": ADMIN}).status_code == 200
         assert c.post("/dashboard/tiers/pool/clear", json={}, headers={"x-api-key": "nope"}).status_code == 401
         assert c.get("/dashboard/state", headers={"x-api-key": "nope"}).status_code == 401
