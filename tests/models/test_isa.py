@@ -32,6 +32,7 @@ def test_capability_switch_reaches_torch() -> None:
     assert out.stdout.strip() == "AVX2"
 
 
+@pytest.mark.timeout(1800)
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
                     reason="this CPU runs torch's AVX2 kernels already: the main run covers them")
 def test_isa_sensitive_tests_pass_under_avx2() -> None:
