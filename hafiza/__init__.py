@@ -1,7 +1,7 @@
-"""hafiza: an LLM inference engine built around its KV cache."""
+"""hafiza: an LLM inference engine built around its KV cache.
 
-from hafiza.threads import openmp_defaults
-
-openmp_defaults()  # before anything imports torch: OpenMP reads its wait policy once, when it loads
+Importing hafiza changes nothing in the process: the entry points set what must be set before torch loads
+(`hafiza.threads.openmp_defaults`, called by `hafiza.cli.main`).
+"""
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""Options that more than one command takes, declared once so their names and help stay the same."""
+"""Options that more than one command takes (`hafiza serve`, `generate` and the benchmarks), declared once so
+their names and help stay the same. A neutral module: the CLI and bench/ both import it, and it imports neither."""
 
 from __future__ import annotations
 

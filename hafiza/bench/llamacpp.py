@@ -27,16 +27,18 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from hafiza import settings
 from hafiza.bench import serve as serve_bench
 from hafiza.bench.common import wait_http, write_json
 from hafiza.bench.llama_peer import llama_generate, llama_import, llama_ttft, open_llama
-from hafiza.cli.options import Weights
+from hafiza.options import Weights
 from hafiza.threads import user_environment
 
 NEW_TOKENS = 64
 QUICK_ARGS = ("--contexts", "64", "--repeats", "1", "--system-tokens", "160", "--sessions", "2", "--turns", "1",
               "--max-tokens", "4", "--system-words", "60")
 SLOT_CONTEXT = 2048
+WHERE_LLAMA_SERVER = f"--llama-server, ${settings.LLAMA_SERVER.name} or PATH"
 
 
 def _median_runs(samples: list[tuple[float, float]]) -> tuple[float, float]:
@@ -105,8 +107,8 @@ def bench_prompt_cache(llama_cpp: Any, loaded: Any, system_tokens: int, repeats:
 
 
 def find_llama_server(explicit: str | None) -> str | None:
-    """The llama-server binary: --llama-server, $HAFIZA_LLAMA_SERVER, or `llama-server` on PATH."""
-    for candidate in (explicit, os.environ.get("HAFIZA_LLAMA_SERVER"), shutil.which("llama-server")):
+    """The llama-server binary: --llama-server, settings.LLAMA_SERVER, or `llama-server` on PATH."""
+    for candidate in (explicit, settings.LLAMA_SERVER.read(), shutil.which("llama-server")):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -187,7 +189,7 @@ def bench_servers(model: Path, cfg: serve_bench.Config, kinds: list[str], binary
     note = (f"{cfg.sessions} sessions x {cfg.turns} turns, {cfg.system_words}-word shared system prompt, "
             f"{cfg.max_tokens}-token greedy replies, OpenAI API with streaming")
     if "binary" not in kinds:
-        note += ("; no llama-server binary was found (--llama-server, $HAFIZA_LLAMA_SERVER or PATH), so llama.cpp "
+        note += (f"; no llama-server binary was found ({WHERE_LLAMA_SERVER}), so llama.cpp "
                  "ran only as llama-cpp-python's server, which has no parallel slots")
     return {"config": asdict(cfg), "note": note, "rows": rows}
 
@@ -238,7 +240,7 @@ def run(model: str | None, contexts: list[int], repeats: int, system_tokens: int
              "both": ["binary", "python"] if found else ["python"], "none": []}[servers]
     if "binary" in kinds and not found:
         data["server"] = {"rows": [{"system": "llama.cpp llama-server", "error": "no llama-server binary found "
-                                    "(--llama-server, $HAFIZA_LLAMA_SERVER or PATH)"}]}
+                                    f"({WHERE_LLAMA_SERVER})"}]}
     elif kinds:
         data["server"] = bench_servers(loaded.path, cfg, kinds, found, slots, threads, log_dir)
     data["load_average_end"] = os.getloadavg()[0]

@@ -24,7 +24,7 @@ import httpx
 import typer
 
 from hafiza.bench.common import machine, wait_http, write_json
-from hafiza.cli.options import Weights
+from hafiza.options import Weights
 
 WORDS = ["cache", "memory", "block", "prefix", "token", "engine", "attention", "layer", "value", "key", "model",
          "server", "request", "stream", "batch", "queue", "latency", "budget", "store", "tier", "disk", "redis", "ram",

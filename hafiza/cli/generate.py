@@ -16,7 +16,7 @@ from hafiza.cli.speculative import (
     SpeculativeMethod,
     speculative_config,
 )
-from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype, Weights
+from hafiza.options import Eviction, KvBudgetTokens, KvDtype, Weights
 
 
 @app.command()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from hafiza import settings
 from hafiza.cli import app
 from hafiza.cli.speculative import (
     NumSpeculativeTokens,
@@ -15,11 +16,11 @@ from hafiza.cli.speculative import (
     SpeculativeMethod,
     speculative_config,
 )
-from hafiza.cli.options import Eviction, KvBudgetTokens, KvDtype, Weights
+from hafiza.options import Eviction, KvBudgetTokens, KvDtype, Weights
 
 if TYPE_CHECKING:
-    from hafiza.cli.store import StoreOptions
     from hafiza.engine.engine import LLMEngine
+    from hafiza.server.store import StoreOptions
     from hafiza.store.connector import StoreConnector
 
 
@@ -32,12 +33,12 @@ def serve(
         metavar="KEY",
         help="Require an API key: x-api-key (Anthropic routes) or Authorization: Bearer (OpenAI routes). "
              "Repeat for several keys; each is then its own cache partition.",
-        envvar="HAFIZA_API_KEY")] = None,
+        envvar=settings.API_KEY.name)] = None,
     api_keys_file: Annotated[str | None, typer.Option(
         help="More API keys, one per line ('#' comments).")] = None,
     admin_key: Annotated[str | None, typer.Option(
         help="The key for dashboard actions and cached prompt text (distinct from every API key).",
-        envvar="HAFIZA_ADMIN_KEY")] = None,
+        envvar=settings.ADMIN_KEY.name)] = None,
     shared_cache: Annotated[bool, typer.Option(
         help="Let all API keys share one cache partition (a request's cache_salt still partitions).")] = False,
     explain_details: Annotated[bool, typer.Option(
@@ -214,7 +215,7 @@ def _security(host: str, api_keys: list[str] | None, keys_file: str | None, admi
 def _store_options(ram: str | None, disk: str | None, redis: str | None, codec: str, write_back: bool,
                    tier_codecs: dict[str, str | None]) -> StoreOptions | None:
     """The --store-* options, checked before the model loads (None when no tier is asked for)."""
-    from hafiza.cli.store import StoreOptions
+    from hafiza.server.store import StoreOptions
 
     options = StoreOptions(ram, disk, redis, codec, write_back,
                            tuple((tier, c) for tier, c in tier_codecs.items() if c is not None))
@@ -229,7 +230,7 @@ def _connect_store(engine: LLMEngine, options: StoreOptions | None) -> StoreConn
     after `uvicorn.run` may never run); `connector.close()` in `serve` also releases the tiers on SIGINT."""
     if options is None:
         return None
-    from hafiza.cli.store import connect_store
+    from hafiza.server.store import connect_store
 
     connector = connect_store(engine, options)
     codecs = ", ".join(f"{n} {c}" for n, c in zip(connector.store.names, connector.codecs, strict=True))

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from hafiza.cache.block_manager import BlockManager, NoFreeBlocksError
 from hafiza.cache.hashing import chain_hashes
+from tests.support.examples import examples
 
 BS = 4
 
@@ -127,7 +128,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(1.5), deadline=None)
 @given(ops)
 def test_invariants_hold_under_random_streams(stream: list[tuple[str, int, int]]) -> None:
     clock = Clock()

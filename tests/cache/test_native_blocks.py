@@ -15,6 +15,7 @@ from hafiza.cache.formats.int4 import Int4KV
 from hafiza.cache.formats.native import NativeBlocks, stack
 from hafiza.cache.layout import KVLayout
 from hafiza.cache.pool import KVPool, make_kv_pool
+from tests.support.examples import examples
 
 KINDS = ["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 LAYOUT = KVLayout(num_layers=2, num_blocks=6, block_size=8, num_kv_heads=2, head_dim=32, kv_dtype="fp32",
@@ -51,7 +52,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=examples(0.08), deadline=None)
 @given(tokens=st.integers(8, 48), seed=st.integers(0, 2**16), scale=st.sampled_from([1e-3, 1.0, 40.0]),
        dst=st.permutations(range(6)))
 def test_native_round_trip_is_bit_exact(kind: str, tokens: int, seed: int, scale: float, dst: list[int]) -> None:

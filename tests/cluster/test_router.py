@@ -1,5 +1,5 @@
 """The real vllm-router (kv_aware, KV events) in front of 2 real hafiza servers sharing a real redis-server,
-driven with the openai client: affinity, the same answer as a direct request, and failover."""
+driven with the openai and anthropic clients: affinity, the same answer as a direct request, and failover."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import zmq
+from anthropic import Anthropic
 from openai import OpenAI
 
 from hafiza.cli.cluster import Cluster, Layout
@@ -95,6 +96,19 @@ def test_through_the_router_the_answer_and_usage_equal_a_direct_request(cluster:
     assert routed.choices[0].text == direct.choices[0].text
     assert routed.usage.prompt_tokens == direct.usage.prompt_tokens  # type: ignore[union-attr]
     assert routed.usage.completion_tokens == direct.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_anthropic_messages_pass_through_the_router_with_the_direct_answer(cluster: Cluster) -> None:
+    def ask(url: str) -> tuple[str, int, int]:
+        msg = Anthropic(base_url=url, api_key="unused", max_retries=0).messages.create(
+            model="hafiza", max_tokens=6, temperature=0, system=SYSTEM,
+            messages=[{"role": "user", "content": "Name a colour."}])
+        block = msg.content[0]
+        assert block.type == "text"
+        return block.text, msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0), \
+            msg.usage.output_tokens
+
+    assert ask(cluster.layout.url) == ask(cluster.layout.workers[0].url)
 
 
 def test_a_killed_worker_leaves_every_request_answered(cluster: Cluster) -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from hafiza.codec.formats import FORMATS, bits_tensor
 from tests.codec.helpers import CODER_CASES, roundtrip, same_bits
+from tests.support.examples import examples
 
 
 @st.composite
@@ -31,7 +32,7 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
     return bits_tensor(bits.reshape(shape), fmt)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(0.6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(x=tensors(), case=st.sampled_from(CODER_CASES), chunk_tokens=st.sampled_from([1, 2, 3, 256]))
 def test_odd_shapes_roundtrip(x: torch.Tensor, case: tuple[str, str | None], chunk_tokens: int) -> None:
     coder, predictor = case

@@ -13,6 +13,7 @@ from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.engine.grammar import GrammarSpec, ToolSpec, tool_call_grammar
 from hafiza.errors import RequestError
 from hafiza.models import LoadedModel
+from tests.support.examples import examples
 
 WEATHER = ToolSpec("get_weather", {
     "type": "object",
@@ -55,7 +56,7 @@ schemas = st.recursive(_leaf(), _extend, max_leaves=6).map(
         "type": "object", "properties": {"value": s}, "required": ["value"], "additionalProperties": False})
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(0.25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=schemas, seed=st.integers(0, 2**31))
 def test_sampled_output_validates_against_the_schema(engine: LLMEngine, schema: dict, seed: int) -> None:
     params = SamplingParams(max_tokens=400, temperature=1.0, seed=seed,

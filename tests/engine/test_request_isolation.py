@@ -14,6 +14,7 @@ from hafiza.engine.async_engine import AsyncEngine, EngineDeadError
 from hafiza.engine.sampling import SEED_RANGE
 from hafiza.errors import RequestError
 from hafiza.models import LoadedModel
+from tests.support.examples import examples
 
 CONFIG = EngineConfig(kv_memory="8MiB", kv_dtype="model")
 VICTIMS = [list(range(300 + 7 * i, 330 + 9 * i)) for i in range(3)]
@@ -50,7 +51,7 @@ temperatures = st.one_of(st.just(0.0), st.sampled_from([5e-324, 1e-300, 1e-45, 1
 seeds = st.one_of(st.none(), st.sampled_from(list(SEED_RANGE)), st.integers(*SEED_RANGE))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(0.25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(temperature=temperatures, top_p=st.floats(min_value=0.0, max_value=1.0, exclude_min=True),
        top_k=st.integers(0, 50_000), seed=seeds, max_tokens=st.integers(0, 4),
        prompt=st.lists(st.integers(0, 1000), min_size=1, max_size=40))

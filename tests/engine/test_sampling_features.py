@@ -13,6 +13,7 @@ from hafiza.engine.grammar import GrammarSpec
 from hafiza.engine.sampling import apply_penalties, sample
 from hafiza.errors import RequestError
 from hafiza.models import LoadedModel
+from tests.support.examples import examples
 
 V = 24
 
@@ -30,7 +31,7 @@ def reference(logits: list[float], p: SamplingParams, tokens: list[int], num_pro
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2.0), deadline=None)
 @given(
     logits=st.lists(st.floats(-20, 20), min_size=V, max_size=V),
     tokens=st.lists(st.integers(0, V - 1), min_size=1, max_size=30),

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hafiza.engine import CachePin, EngineConfig, LLMEngine, SamplingParams
 from hafiza.errors import RequestError
 from hafiza.models import LoadedModel
+from tests.support.examples import examples
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
@@ -116,7 +117,7 @@ def test_stop_strings_and_seeded_sampling(default_model: LoadedModel) -> None:
     assert a.token_ids == b.token_ids
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(0.12), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "step", "abort"]), st.integers(1, 40), st.integers(0, 3)),
                 min_size=1, max_size=40))
 def test_engine_invariants_under_random_request_streams(tiny_llama: LoadedModel, stream: list) -> None:

@@ -18,9 +18,10 @@ from hafiza.engine.async_engine import AsyncEngine
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name
+from tests.support.examples import examples
 
 pytestmark = pytest.mark.slow
-MAX_EXAMPLES = 12
+MAX_EXAMPLES = examples(0.12)
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hafiza.cli.store import StoreOptions, connect_store
 from hafiza.engine import EngineConfig, LLMEngine
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name
-from hafiza.server.store import serve_store
+from hafiza.server.store import StoreOptions, connect_store, serve_store
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -18,6 +18,7 @@ from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.errors import HafizaError
 from hafiza.models import LoadedModel
 from hafiza.server.kv_events import KVEventPublisher, publish_kv_events
+from tests.support.examples import examples
 
 POLL_MS = 5_000
 
@@ -104,7 +105,7 @@ OPS = st.lists(st.one_of(
 ), min_size=1, max_size=12)
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(0.25))
 @given(ops=OPS, pool_block=st.sampled_from([16, 32]))
 def test_the_event_stream_rebuilds_the_block_managers_cached_set(ops: list[tuple[str, int, int, bool]],
                                                                  pool_block: int) -> None:

@@ -10,13 +10,12 @@ import httpx
 import pytest
 import redis
 
-from hafiza.cli.store import StoreOptions, connect_store
 from hafiza.engine import EngineConfig, LLMEngine
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name
-from hafiza.server.store import serve_store
+from hafiza.server.store import StoreOptions, connect_store, serve_store
 from hafiza.store.connector import StoreConnector
 from tests.server.conftest import long_text
 from tests.support.redis_server import RedisServer, redis_available

@@ -9,14 +9,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hafiza.cli.store import StoreOptions, connect_store
 from hafiza.engine import EngineConfig, LLMEngine, RequestOutput
 from hafiza.engine.async_engine import AsyncEngine
 from hafiza.engine.connector import TierOutcome
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread
-from hafiza.server.store import serve_store
+from hafiza.server.store import StoreOptions, connect_store, serve_store
 from hafiza.server.tiers import tiers_header
 from tests.support.serve import run_cli
 
