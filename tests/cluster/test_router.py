@@ -101,7 +101,7 @@ def test_through_the_router_the_answer_and_usage_equal_a_direct_request(cluster:
 def test_anthropic_messages_pass_through_the_router_with_the_direct_answer(cluster: Cluster) -> None:
     def ask(url: str) -> tuple[str, int, int]:
         msg = Anthropic(base_url=url, api_key="unused", max_retries=0).messages.create(
-            model="hafiza", max_tokens=6, temperature=0, system=SYSTEM,
+            model="hafiza", max_tokens=6, system=SYSTEM, extra_body={"temperature": 0},
             messages=[{"role": "user", "content": "Name a colour."}])
         block = msg.content[0]
         assert block.type == "text"
