@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
 from hafiza.models.ggml_blocks import unpack_rows
+from hafiza.threads import decode_parts
 
 INT4_GROUP = 32
 ROW_TILE = 16  # rows per CPU float matmul call: whole tiles run the same BLAS kernel whatever the row count
@@ -62,8 +63,6 @@ def in_row_tiles(x: torch.Tensor, w: torch.Tensor, matmul: Matmul) -> torch.Tens
 def _sliced_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """One tile times w with w's output rows split into decode_parts() slices run as one batched matmul: MKL runs
     F.linear's matrix-vector form on one thread only, and the slices stream the weight up to 1.6x faster."""
-    from hafiza.threads import decode_parts
-
     (out_features, in_features), rows = w.shape, x.shape[0]
     parts = decode_parts()
     if parts < 1 or out_features % parts:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from hafiza.engine.engine import RequestOutput
+from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_openai_key
 from hafiza.server.body import parse_json, read_body, validate
 from hafiza.server.chat import FINISH_REASONS, sampling
@@ -104,17 +105,23 @@ class Run:
     first: RequestOutput | None = None
 
 
+def sampling_params(req: CompletionRequest) -> SamplingParams:
+    """Engine sampling settings: 16 tokens unless max_tokens says otherwise (OpenAI's default), echoed prompt
+    tokens' logprobs when echo asks for logprobs."""
+    echo_lp = req.logprobs if req.echo and req.logprobs is not None else None
+    return sampling(req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs, None, echo_lp,
+                    speculative=req.speculative)
+
+
 @router.post("/v1/completions")
 async def completions(request: Request, state: ServerState = Depends(server_state)) -> Response:
     """Complete one or more prompts, streaming (SSE) or not."""
     raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
     req, prompts = await off_loop(_prepare, raw, state)
-    echo_lp = req.logprobs if req.echo and req.logprobs is not None else None
     rid = f"cmpl-{uuid.uuid4().hex[:24]}"
     runs: list[Run] = []
     for k, prompt in enumerate(prompts):
-        params = sampling(req, req.max_tokens if req.max_tokens is not None else 16,
-                          req.logprobs, None, echo_lp, speculative=req.speculative)
+        params = sampling_params(req)
         gen = Generation(state, API, request, prompt, params, f"{rid}-{k}" if len(prompts) > 1 else rid,
                          cache_salt=request_partition(request, req.cache_salt))
         reader = lambda: ReplyReader(state.tokenizer, GENERIC, [], ToolChoice("none"))  # noqa: E731

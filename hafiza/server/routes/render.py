@@ -19,7 +19,6 @@ from hafiza.engine.sampling import SamplingParams
 from hafiza.errors import RequestError
 from hafiza.server.auth import require_openai_key
 from hafiza.server.body import read_body
-from hafiza.server.chat import sampling
 from hafiza.server.errors import ApiError
 from hafiza.server.offload import off_loop
 from hafiza.server.routes import completions, openai, responses
@@ -75,9 +74,7 @@ def _chat(raw: bytes, state: ServerState) -> Json:
 
 def _completions(raw: bytes, state: ServerState) -> list[Json]:
     req, prompts = completions._prepare(raw, state)
-    echo_lp = req.logprobs if req.echo and req.logprobs is not None else None
-    params = sampling(req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs, None, echo_lp,
-                      speculative=req.speculative)
+    params = completions.sampling_params(req)
     rid = f"cmpl-{uuid.uuid4().hex[:24]}"
     out = []
     for k, prompt in enumerate(prompts):
