@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hafiza import settings
 from hafiza.models.linear import int4_block_rows
 
 LAYOUT_VERSION = "1"  # bump when a cached array's layout or values change
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def cache_root() -> Path | None:
     """Where the cache lives, or None when `HAFIZA_WEIGHTS_CACHE=off`."""
-    env = os.environ.get("HAFIZA_WEIGHTS_CACHE", "")
+    env = settings.WEIGHTS_CACHE.read()
     if env.lower() in ("off", "0", "no", "false"):
         return None
     if env:
