@@ -282,11 +282,33 @@ class StoreConnector(KVConnector):
         d = self.store.cost.decide(n * self.block_size, {self.store.names[j]: nbytes}, decode_s, n * self.block_size)
         return d.plan == "predict"
 
+    def _predict_ahead(self, tokens: list[int]) -> None:
+        """Run the predictor over a block's prefix (and the rest of its hinted prompt) one chunk per gate slice:
+        each slice starts only while the engine is idle, so a request that arrives mid-pass shares the CPU with at
+        most one chunk's forward, not with the whole pass. A run that others keep truncating ends the loop (3 slices
+        without progress); the encode then runs what is left."""
+        kv = self.predictor.kv if self.predictor is not None else None
+        if kv is None or not tokens:
+            return
+        left, stalls = -1, 0
+        while stalls < 3:
+            with self.gate.encoding():
+                self._predict_mark.mark = self.gate.marks()
+                try:
+                    now = kv.advance(tokens, kv.chunk)
+                finally:
+                    self._predict_mark.mark = None
+            if now == 0:
+                return
+            stalls = stalls + 1 if 0 <= left <= now else 0
+            left = now
+
     def _encode(self, block_hash: str, block: NativeBlocks, codec: str, tokens: list[int] | None) -> bytes | None:
         try:
             if codec in TOKEN_CODECS and not tokens:
                 raise ValueError("the block's tokens are unknown (its sequence is no longer running)")
             if codec in TOKEN_CODECS:
+                self._predict_ahead(tokens or [])
                 with self.gate.encoding():  # starts only while the engine is idle
                     self._predict_mark.mark = self.gate.marks()
                     blob = encode_native(block, codec, tokens, self.predictor)

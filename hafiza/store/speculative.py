@@ -127,6 +127,28 @@ class BlockwiseKV:
         kv = torch.stack([k, v], dim=1)  # [layers, 2, count * bs, heads, dim]
         return [kv[:, :, b * bs : (b + 1) * bs] for b in range(count)]
 
+    def advance(self, token_ids: list[int], max_tokens: int) -> int:
+        """Grow the run that blocks of `token_ids` (and of a hinted prompt they start) will be read from by at most
+        `max_tokens` tokens; returns the tokens still to run (0: covered). Lets the writer run a long pass in
+        short slices, giving way to a request between slices instead of competing with it for a whole pass."""
+        bs = self.block_size
+        step = max(bs, max_tokens // bs * bs)
+        with self._lock:
+            todo = self._target_end(token_ids, len(token_ids) // bs * bs)
+            run, same = self._run(todo, len(todo) // bs)
+            have = same * bs
+            if have >= len(todo):
+                return 0
+            run.truncate(have)
+            part = todo[have : have + step]
+            start = time.perf_counter()
+            run.extend(part, self.chunk)
+            seconds = time.perf_counter() - start
+            self._local.seconds = self.thread_seconds() + seconds
+            if self.on_run is not None:
+                self.on_run(len(part), seconds)
+            return len(todo) - have - len(part)
+
     def thread_seconds(self) -> float:
         """Wall seconds the calling thread has spent running the predictor."""
         return float(getattr(self._local, "seconds", 0.0))
