@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from hafiza.cli import app
-from hafiza.cli.cluster import Layout
+from hafiza.cli import _register, app
+from hafiza.cluster import Layout
 from hafiza.errors import HafizaError
 
 
@@ -32,5 +32,6 @@ def test_round_robin_gets_no_event_sources() -> None:
 @pytest.mark.parametrize(("args", "message"), [(["--workers", "0"], "--workers must be at least 1"),
                                                (["--policy", "random"], "--policy must be kv_aware")])
 def test_bad_options_are_a_clear_error_before_anything_starts(args: list[str], message: str) -> None:
+    _register()
     result = CliRunner().invoke(app, ["cluster", *args])
     assert isinstance(result.exception, HafizaError) and message in str(result.exception), result.output

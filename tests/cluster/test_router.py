@@ -14,7 +14,7 @@ import zmq
 from anthropic import Anthropic
 from openai import OpenAI
 
-from hafiza.cli.cluster import Cluster, Layout
+from hafiza.cluster import Cluster, Layout
 from tests.support.redis_server import redis_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")]

@@ -16,7 +16,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from hafiza.cli.cluster import Cluster, Layout
+from hafiza.cluster import Cluster, Layout
 from tests.cluster.test_router import prompt_tokens
 from tests.server.test_vllm_fields import ROUTER_CHAT
 from tests.support.redis_server import redis_available

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from hafiza.cli.cluster import HOST, free_port, router_binary, wait_healthy
+from hafiza.cluster import HOST, free_port, router_binary, wait_healthy
 
 pytestmark = pytest.mark.slow
 ROUTER_KEY = "router-key"
