@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hafiza.bench.common import redis_process, wait_http, write_json
+from hafiza.bench.economics import economics, print_economics
 from hafiza.cache.hashing import chain_hashes
 from hafiza.server.launch import free_port
 from hafiza.store.codecs import check_codec
@@ -75,6 +76,7 @@ class CodecRun:
     """One codec's samples, its /metrics deltas (summed over both instances) and prefixes-held samples."""
 
     codec: str
+    popularity: str = "zipf"
     samples: list[Sample] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -138,7 +140,8 @@ def summarize(run: CodecRun, reference: dict[Request, str], tier_bytes: int, wor
     moved = run.metrics.get("read_bytes", 0.0) + run.metrics.get("written_bytes", 0.0)
     mismatched = [i for i, s in enumerate(run.samples) if reference.get(s.request) != s.text]
     return {
-        "codec": run.codec, "tier_bytes": tier_bytes, "working_set_bytes": working_set_bytes,
+        "codec": run.codec, "popularity": run.popularity, "tier_bytes": tier_bytes,
+        "working_set_bytes": working_set_bytes,
         "prefixes_held": statistics.fmean(run.held) if run.held else 0.0,
         "hit_rate": loaded / wanted if wanted else 0.0,
         "request_hit_rate": sum(1 for s in run.samples if s.redis_tokens > 0) / n,
@@ -301,7 +304,7 @@ class Config:
     prefix_tokens: int
     requests: int
     max_tokens: int
-    popularity: str
+    popularities: list[str]
     zipf_s: float
     tier_fraction: float
     codecs: list[str]
@@ -327,8 +330,10 @@ def build_prefixes(server: Server, n: int, tokens: int) -> list[str]:
 
 
 def run(cfg: Config, logdir: Path) -> dict[str, Any]:
-    """The reference run, then every codec's run; the JSON payload."""
-    reqs = workload(cfg.prefixes, cfg.requests, len(QUESTIONS), cfg.popularity, cfg.zipf_s, cfg.seed)
+    """The reference run, then every (popularity, codec) run; the JSON payload."""
+    loads = {pop: workload(cfg.prefixes, cfg.requests, len(QUESTIONS), pop, cfg.zipf_s, cfg.seed)
+             for pop in cfg.popularities}
+    every = {r for reqs in loads.values() for r in reqs}
     console = Console(stderr=True)
     # Cold reference: no Redis; a RAM tier with the raw codec only measures the raw bytes per block.
     ref_args = ["--store-ram", "4GiB", "--store-ram-codec", "raw"]
@@ -340,7 +345,7 @@ def run(cfg: Config, logdir: Path) -> dict[str, Any]:
                   for x, y in zip(prompt_ids, other_ids, strict=True)]
         reference: dict[Request, str] = {}
         t0 = time.perf_counter()
-        for j, r in enumerate(sorted(set(reqs), key=lambda r: (r.prefix, r.question))):
+        for j, r in enumerate(sorted(every, key=lambda r: (r.prefix, r.question))):
             _, reference[r], header = ref.ask(messages_of(texts, r), cfg.max_tokens, salt=f"cold-{j}")
             if int(parse_tiers(header).get("pool", "0") or 0) or int(parse_tiers(header).get("ram", "0") or 0):
                 raise RuntimeError(f"reference request {j} was not cold: {header}")
@@ -365,11 +370,11 @@ def run(cfg: Config, logdir: Path) -> dict[str, Any]:
     tier_bytes = max(4 << 20, int(working_set * cfg.tier_fraction))
     runs: list[CodecRun] = []
     prefix_hashes: list[list[str]] = []
-    for codec in cfg.codecs:
-        run_ = CodecRun(codec)
+    for pop, codec in ((pop, codec) for pop in cfg.popularities for codec in cfg.codecs):
+        run_, reqs = CodecRun(codec, pop), loads[pop]
         with redis_server(tier_bytes) as (url, client):
             args = [] if codec == NO_TIER else ["--store-redis", url, "--store-redis-codec", codec]
-            with servers(logdir, codec, 2, args, kv_memory) as pair:
+            with servers(logdir, f"{pop}-{codec}", 2, args, kv_memory) as pair:
                 for k, s in enumerate(pair):  # warm-up, outside the workload's cache partition
                     s.ask([{"role": "user", "content": "Hello."}], 2, salt=f"warm-{k}")
                 for s in pair:
@@ -392,7 +397,7 @@ def run(cfg: Config, logdir: Path) -> dict[str, Any]:
                     s.drain()
                 after = [s.metrics() for s in pair]
                 info = client.info("memory")
-                console.print(f"{codec}: {len(reqs)} requests in {time.perf_counter() - t0:.0f} s, redis "
+                console.print(f"{pop} {codec}: {len(reqs)} requests in {time.perf_counter() - t0:.0f} s, redis "
                               f"used_memory {info['used_memory']} of {tier_bytes}, evicted "
                               f"{client.info('stats').get('evicted_keys', 0)} keys")
                 for b, a in zip(before, after, strict=True):
@@ -412,15 +417,16 @@ def run(cfg: Config, logdir: Path) -> dict[str, Any]:
 def print_table(data: dict[str, Any]) -> None:
     c = data["config"]
     table = Table(title=f"Redis-tier codecs at equal memory: {c['prefixes']} prefixes of ~{c['prefix_tokens']} tokens, "
-                        f"{c['requests']} requests ({c['popularity']}), Redis {data['tier_bytes'] / 1e6:.1f} MB = "
+                        f"{c['requests']} requests each, Redis {data['tier_bytes'] / 1e6:.1f} MB = "
                         f"1/{data['working_set_bytes'] / data['tier_bytes']:.1f} of the raw working set "
                         f"{data['working_set_bytes'] / 1e6:.1f} MB")
-    for col in ("codec", "KB/block", "prefixes held", "hit rate", "mean TTFT s", "p99 TTFT s", "MB moved/req",
-                "predictor s", "decisions", "encodes", "identical"):
+    for col in ("popularity", "codec", "KB/block", "prefixes held", "hit rate", "mean TTFT s", "p99 TTFT s",
+                "MB moved/req", "predictor s", "decisions", "encodes", "identical"):
         table.add_column(col, justify="right")
     for r in data["results"]:
         per_block = r["stored_bytes_per_block"]
-        table.add_row(r["codec"], "" if per_block is None else f"{per_block / 1e3:.0f}", f"{r['prefixes_held']:.2f}",
+        table.add_row(r.get("popularity", c.get("popularity", "")), r["codec"],
+                      "" if per_block is None else f"{per_block / 1e3:.0f}", f"{r['prefixes_held']:.2f}",
                       f"{r['hit_rate']:.1%}", f"{r['mean_ttft_s']:.3f}",
                       f"{r['p99_ttft_s']:.3f}", f"{r['bytes_per_request'] / 1e6:.2f}", f"{r['predictor_cpu_s']:.1f}",
                       " ".join(f"{k}={v:.0f}" for k, v in sorted(r["decisions"].items())),
@@ -441,22 +447,40 @@ def register(bench_app: typer.Typer) -> None:
                                  ] = None,
         requests: Annotated[int | None, typer.Option(help="Requests per codec (default 200; quick 24).")] = None,
         max_tokens: Annotated[int, typer.Option(help="Answer length in tokens.")] = 8,
-        popularity: Annotated[str, typer.Option(help="zipf or uniform.")] = "zipf",
+        popularity: Annotated[str, typer.Option(help="zipf, uniform, or both in one run (`zipf,uniform`).")
+                              ] = "zipf",
         zipf_s: Annotated[float, typer.Option(help="Zipf exponent.")] = 1.0,
         tier_fraction: Annotated[float, typer.Option(help="Redis maxmemory as a fraction of the raw working set.")
                                  ] = 0.2,
         seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+        model_economics: Annotated[bool, typer.Option(
+            "--model-economics", help="Also derive when a speculative hit beats a zstd hit and a recompute, check "
+            "it against the run and evaluate it for published GPU and network figures.")] = False,
+        from_json: Annotated[str | None, typer.Option(
+            "--from-json", help="With --model-economics: read an earlier run's JSON instead of running.")] = None,
     ) -> None:
         """Redis-tier codecs at equal Redis memory: hit rate, TTFT, bytes moved, predictor CPU, prefixes held."""
         names = [x.strip() if x.strip() == NO_TIER else check_codec(x.strip()) for x in codecs.split(",") if x.strip()]
-        if popularity not in ("zipf", "uniform"):
-            raise typer.BadParameter(f"--popularity must be zipf or uniform, got {popularity!r}")
+        pops = [p.strip() for p in popularity.split(",") if p.strip()]
+        if not pops or any(p not in ("zipf", "uniform") for p in pops):
+            raise typer.BadParameter(f"--popularity must be zipf, uniform or both, got {popularity!r}")
         if not 0 < tier_fraction <= 1:
             raise typer.BadParameter(f"--tier-fraction must be in (0, 1], got {tier_fraction}")
+        if from_json is not None:
+            if not model_economics:
+                raise typer.BadParameter("--from-json is read only with --model-economics")
+            data = json.loads(Path(from_json).read_text())
+            data["economics"] = economics(data)
+            print_economics(data["economics"])
+            print(f"wrote {write_json(data, json_path, 'capacity_economics.json')}")
+            return
         cfg = Config(prefixes or (12 if quick else 48), prefix_tokens or (256 if quick else 2000),
-                     requests or (24 if quick else 200), max_tokens, popularity, zipf_s, tier_fraction, names, seed,
+                     requests or (24 if quick else 200), max_tokens, pops, zipf_s, tier_fraction, names, seed,
                      quick)
         with tempfile.TemporaryDirectory(prefix="hafiza-bench-capacity-") as logdir:
             data = run(cfg, Path(logdir))
         print_table(data)
+        if model_economics:
+            data["economics"] = economics(data)
+            print_economics(data["economics"])
         print(f"wrote {write_json(data, json_path, 'capacity.json')}")
