@@ -15,6 +15,7 @@ from hafiza.bench.capacity import (
     percentile,
     prefixes_resident,
     summarize,
+    tier_tokens,
     workload,
     zipf_weights,
 )
@@ -90,3 +91,9 @@ def test_summary_rows() -> None:
         assert key in row
     wrong = summarize(run, {a: "yes", b: "different"}, tier_bytes=100, working_set_bytes=500)
     assert wrong["identical"] is False and wrong["mismatched_requests"] == [1]
+
+
+def test_rows_say_which_popularity_and_fallback_tokens_count_as_redis_hits() -> None:
+    run = CodecRun("speculative", "uniform", samples=[Sample(Request(0, 0), 1.0, "x", 0, 240, 20, "load")])
+    assert summarize(run, {Request(0, 0): "x"}, tier_bytes=1, working_set_bytes=5)["popularity"] == "uniform"
+    assert tier_tokens(parse_tiers("decision=load; pool=0; redis=32; redis.fast=208; computed=20"), "redis") == 240
