@@ -10,7 +10,7 @@ import typer
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: print a table, write JSON under bench/results/.")
 
 BENCH_MODULES = ("cache", "capacity", "cluster", "engine_benches", "grammar", "native", "predictor", "quality", "serve",
-                 "tiers", "suite", "weights", "weights_quality", "weight_kernels")
+                 "speculative", "tiers", "suite", "weights", "weights_quality", "weight_kernels")
 
 for _name in BENCH_MODULES:
     try:
