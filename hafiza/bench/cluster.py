@@ -282,6 +282,7 @@ def register(bench_app: typer.Typer) -> None:
         print(text)
         if doc is not None:
             doc.write_text(replace_region(doc.read_text() if doc.exists() else "", REGION, text))
-        out = write_json({"bench": "cluster", "config": asdict(cfg), **res}, json_path, "cluster.json")
+        payload = {"bench": "cluster", "config": asdict(cfg), "worker_threads": 1, **res}
+        out = write_json(payload, json_path, "cluster.json")
         info = machine()
         print(f"machine: {info['cpu']}, {info['cores']} cores; logs in {log_dir}; results written to {out}")
