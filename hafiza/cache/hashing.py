@@ -14,8 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from typing import NewType
 
 import numpy as np
+
+BlockHash = NewType("BlockHash", str)  # a block's chained hash: the prefix cache's and the tiers' key
 
 HASH_SEED = b"hafiza-prefix-hash-v1"
 ROOT_PARENT = "0" * 32
@@ -41,21 +44,21 @@ def partition(*parts: str | None) -> str | None:
     return h.hexdigest()[:32]
 
 
-def block_hash(parent: str | None, token_ids: Sequence[int], extra_keys: Sequence[object] = ()) -> str:
+def block_hash(parent: str | None, token_ids: Sequence[int], extra_keys: Sequence[object] = ()) -> BlockHash:
     """Hash of one full block given its parent's hash (None for the first block)."""
     h = hashlib.sha256(HASH_SEED)
     h.update((parent or ROOT_PARENT).encode())
     h.update(np.asarray(token_ids, dtype="<i4").tobytes())
     h.update(json.dumps(list(extra_keys), separators=(",", ":"), default=str).encode())
-    return h.hexdigest()[:32]
+    return BlockHash(h.hexdigest()[:32])
 
 
 def chain_hashes(
     token_ids: Sequence[int], block_size: int, extra_keys: Sequence[object] = (), start: int = 0,
     parent: str | None = None,
-) -> list[str]:
+) -> list[BlockHash]:
     """Hashes of the full blocks of `token_ids` from block index `start` (whose parent hash is `parent`)."""
-    out: list[str] = []
+    out: list[BlockHash] = []
     for b in range(start, len(token_ids) // block_size):
         parent = block_hash(parent, token_ids[b * block_size : (b + 1) * block_size], extra_keys)
         out.append(parent)

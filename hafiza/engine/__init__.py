@@ -1,7 +1,9 @@
 """The serving engine: requests, scheduler (continuous batching), model runner, sampler."""
 
-from hafiza.engine.engine import EngineConfig, LLMEngine, RequestOutput
+from hafiza.engine.engine import EngineConfig, LLMEngine
+from hafiza.engine.results import FinishReason, GenerationResult, RequestOutput
 from hafiza.engine.sampling import SamplingParams
 from hafiza.engine.sequence import CachePin
 
-__all__ = ["CachePin", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = ["CachePin", "EngineConfig", "FinishReason", "GenerationResult", "LLMEngine", "RequestOutput",
+           "SamplingParams"]

@@ -10,14 +10,17 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import TypeVar, cast
 
-from hafiza.engine.engine import EngineStats, LLMEngine, RequestOutput
+from hafiza.engine.commands import AbortRequest, AddRequest, Command, EngineCall
+from hafiza.engine.engine import LLMEngine
+from hafiza.engine.results import EngineStats, RequestOutput
 from hafiza.engine.sampling import SamplingParams
 from hafiza.engine.sequence import CachePin, Status
 from hafiza.errors import RequestError
 
 log = logging.getLogger("hafiza.engine")
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -59,7 +62,7 @@ class AsyncEngine:
         self.max_waiting, self.max_queue_time_s = max_waiting, max_queue_time_s
         self.admission_listeners: list[Callable[[float], None]] = []
         self._unadmitted: dict[str, float] = {}  # request id -> arrival time, in arrival order
-        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -105,7 +108,7 @@ class AsyncEngine:
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
         stream = RequestStream(self, rid, params.n)
         self._streams[rid] = (asyncio.get_running_loop(), stream.queue)
-        self._send("add", (rid, prompt_ids, params, cache_salt, tuple(pins)))
+        self._send(AddRequest(rid, list(prompt_ids), params, cache_salt, tuple(pins)))
         return stream
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
@@ -121,16 +124,16 @@ class AsyncEngine:
             stream.close()
 
     def abort(self, request_id: str) -> None:
-        self._send("abort", request_id)
+        self._send(AbortRequest(request_id))
 
-    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the engine thread between steps (dashboard actions, consistent reads)."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._send("call", (fn, fut))
-        return await asyncio.wrap_future(fut)
+        fut: concurrent.futures.Future[object] = concurrent.futures.Future()
+        self._send(EngineCall(fn, fut))
+        return cast(T, await asyncio.wrap_future(fut))
 
-    def _send(self, kind: str, payload: Any) -> None:
-        self._commands.put((kind, payload))
+    def _send(self, command: Command) -> None:
+        self._commands.put(command)
         self._wake.set()
 
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
@@ -142,34 +145,38 @@ class AsyncEngine:
     def _drain_commands(self) -> None:
         while True:
             try:
-                kind, payload = self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
-                rid, ids, params, salt, pins = payload
-                if rid not in self._streams:
-                    continue  # the caller went away before the request started
-                waiting = len(self.engine.scheduler.waiting)
-                if self.max_waiting is not None and waiting >= self.max_waiting:
-                    oldest = min(self._unadmitted.values(), default=time.monotonic())
-                    self._deliver(rid, EngineOverloadedError(
-                        f"server overloaded: {waiting} requests already wait for admission, the limit is "
-                        f"{self.max_waiting}", time.monotonic() - oldest))
-                    continue
+            if isinstance(command, AddRequest):
+                self._add(command)
+            elif isinstance(command, AbortRequest):
+                self.engine.abort(command.request_id)
+            else:
                 try:
-                    self.engine.add_checked(ids, params, rid, salt, pins)
-                except Exception as exc:  # a race (an id already in use) goes back to the caller
-                    self._deliver(rid, exc)
-                    continue
-                self._unadmitted[rid] = self.engine.seqs[rid].arrival_time
-            elif kind == "abort":
-                self.engine.abort(payload)
-            elif kind == "call":
-                fn, fut = payload
-                try:
-                    fut.set_result(fn(self.engine))
+                    command.future.set_result(command.fn(self.engine))
                 except Exception as exc:
-                    fut.set_exception(exc)
+                    command.future.set_exception(exc)
+
+    def _add(self, command: AddRequest) -> None:
+        """Queue a checked request, unless its caller went away or the waiting queue is full."""
+        rid = command.request_id
+        if rid not in self._streams:
+            return  # the caller went away before the request started
+        waiting = self.engine.num_waiting
+        if self.max_waiting is not None and waiting >= self.max_waiting:
+            oldest = min(self._unadmitted.values(), default=time.monotonic())
+            self._deliver(rid, EngineOverloadedError(
+                f"server overloaded: {waiting} requests already wait for admission, the limit is "
+                f"{self.max_waiting}", time.monotonic() - oldest))
+            return
+        try:
+            self.engine.add_checked(command.prompt_ids, command.params, rid, command.cache_salt, command.pins)
+        except Exception as exc:  # a race (an id already in use) goes back to the caller
+            self._deliver(rid, exc)
+            return
+        seq = self.engine.request(rid)
+        self._unadmitted[rid] = seq.arrival_time if seq is not None else time.monotonic()
 
     def _run(self) -> None:
         last_stats = 0.0
@@ -211,7 +218,7 @@ class AsyncEngine:
             if now - arrival <= self.max_queue_time_s:
                 break  # arrival order: the rest waited less
             del self._unadmitted[rid]
-            seq = self.engine.seqs.get(rid)
+            seq = self.engine.request(rid)
             if seq is None or seq.num_computed > 0:
                 continue
             self.engine.abort(rid)
@@ -222,7 +229,7 @@ class AsyncEngine:
     def _note_admissions(self, step_start: float) -> None:
         """Report the queue time of requests the last step admitted (admission is in arrival order)."""
         for rid, arrival in list(self._unadmitted.items()):
-            seq = self.engine.seqs.get(rid)
+            seq = self.engine.request(rid)
             if seq is not None and seq.status is Status.WAITING and seq.num_computed == 0:
                 break
             del self._unadmitted[rid]
@@ -235,7 +242,7 @@ class AsyncEngine:
                     log.exception("admission listener %r failed", listener)
 
     def _fail_all(self, exc: Exception) -> None:
-        for rid in list(self.engine.seqs):
+        for rid in self.engine.request_ids():
             self.engine.abort(rid)
             self._deliver(rid, EngineDeadError(f"engine step failed: {exc}"))
 

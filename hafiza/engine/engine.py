@@ -6,20 +6,24 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from hafiza.cache.block_manager import BlockManager, BlockStats
+from hafiza.cache.block_manager import BlockManager
 from hafiza.cache.eviction import AttentionScores, make_policy
+from hafiza.cache.kv_cache_manager import KVCacheManager
 from hafiza.cache.layout import FULL_DTYPES
 from hafiza.cache.memory import kv_memory_bytes
 from hafiza.cache.pool import blocks_that_fit, bytes_per_block, fixed_bytes, layout_for, make_kv_pool, with_blocks
 from hafiza.device import dtype_name
-from hafiza.engine.connector import KVConnector, TierOutcome
+from hafiza.engine.checks import RequestLimits, check_request
+from hafiza.engine.connector import KVConnector
 from hafiza.engine.determinism import determinism_header, nondeterminism_reasons
-from hafiza.engine.output import TextOutput, TokenLogprob, token_logprobs
+from hafiza.engine.output import token_logprobs
+from hafiza.engine.output_processor import OutputProcessor
+from hafiza.engine.results import EngineStats, FinishReason, GenerationResult, RequestOutput
 from hafiza.engine.runner import ModelRunner
 from hafiza.engine.sampling import SamplingParams, apply_penalties, mask_early_stops, sample
 from hafiza.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -69,86 +73,6 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
 
 
-@dataclass
-class RequestOutput:
-    """What one step produced for one request; `text` is the new text since the last output. `error` is set (with
-    finish_reason "error") when this request alone failed: its forward or its sampling raised. `index` is the
-    choice (0..n-1) of a request with n choices, each finishing on its own; `logprobs` cover `new_token_ids`;
-    `prompt_logprobs` (one per prompt token, None for the first) come once, on choice 0's first output. `tiers` is
-    how the request's admission found its prompt's K/V (pool, store tiers, computed; the `x-hafiza-tiers`
-    header), on every output once it was admitted."""
-
-    request_id: str
-    new_token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None = None
-    stop_sequence: str | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
-    pinned_tokens: int = 0
-    tiers: TierOutcome | None = None
-    arrival_time: float = 0.0
-    first_token_time: float | None = None
-    error: str | None = None
-    index: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-
-
-@dataclass
-class _Group:
-    """The n choices of one request: how many are unfinished, and whether choices 1..n-1 were added yet."""
-
-    n: int
-    remaining: int
-    spawned: bool = False
-    cache_salt: str | None = None
-
-
-@dataclass
-class GenerationResult:
-    """A finished request, for the synchronous `generate` API."""
-
-    request_id: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    error: str | None = None
-    index: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-
-
-@dataclass
-class EngineStats:
-    """Memory accounting and counters, read by the server's /metrics and the dashboard. `evicted_tokens`: KV tokens
-    the eviction policy dropped from sequences since the engine started. `spec`: speculative-decoding counters (None
-    when the engine does not speculate)."""
-
-    blocks: BlockStats
-    bytes_per_block: int
-    kv_dtype: str
-    num_running: int
-    num_waiting: int
-    num_preemptions: int
-    prompt_tokens: int
-    generation_tokens: int
-    requests_finished: int
-    stored_tokens: int
-    waste_slots: int
-    evicted_tokens: int = 0
-    extra: dict = field(default_factory=dict)
-    spec: SpecCounters | None = None
-
-    @property
-    def kv_cache_usage_perc(self) -> float:
-        return self.blocks.usage_perc
-
-
 class LLMEngine:
     """One model, one paged KV pool, one scheduler. Not thread-safe: drive it from one thread (see AsyncEngine)."""
 
@@ -176,19 +100,17 @@ class LLMEngine:
         budget_blocks = cfg.kv_budget_tokens // cfg.block_size if cfg.kv_budget_tokens else None
         needs_scores = self.eviction is not None and self.eviction.needs_scores
         self.scores = AttentionScores(num_blocks, model.device) if needs_scores else None
+        self.cache = KVCacheManager(self.blocks, self.eviction, budget_blocks, self.scores)
         self.scheduler = Scheduler(
-            SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching), self.blocks,
-            eviction=self.eviction, budget_blocks=budget_blocks, scores=self.scores,
-        )
+            SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching), self.cache)
         exact = FULL_DTYPES.get(self.kv_dtype) == model.dtype
         self.runner = ModelRunner(model.model, self.kv, cfg.block_size, fresh_kv_exact=exact, scores=self.scores)
         self.extra_keys = (model.fingerprint, self.kv_dtype, cfg.block_size)
+        self.limits = RequestLimits(c.vocab_size, self.max_model_len, num_blocks, cfg.block_size)
         self.seqs: dict[str, Sequence] = {}
-        self.outputs: dict[str, TextOutput] = {}
-        self.groups: dict[str, _Group] = {}
+        self.output = OutputProcessor(self.tokenizer, self.max_model_len)
         self._grammars: GrammarCompiler | None = None
         self._ids = itertools.count()
-        self.prompt_tokens = self.generation_tokens = self.requests_finished = 0
         self.connector: KVConnector | None = None
         self.nondeterminism = nondeterminism_reasons(self.kv_dtype, cfg.eviction, model.device, model.dtype)
         self.determinism = determinism_header(self.nondeterminism)  # the x-hafiza-deterministic header
@@ -235,39 +157,7 @@ class LLMEngine:
 
     def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
         """Reject at once what can never be served, stating the numbers (safe to call from any thread)."""
-        params.validate()
-        n = len(prompt_ids)
-        if n == 0:
-            raise RequestError("the prompt is empty", param="prompt")
-        vocab = self.loaded.config.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise RequestError(f"prompt contains token ids outside the vocabulary [0, {vocab})", param="prompt")
-        bad = [t for t in params.logit_bias if t >= vocab]
-        if bad:
-            raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})",
-                               param="logit_bias")
-        if params.grammar is not None:
-            self.grammars.compile(params.grammar)
-        if n + params.max_tokens > self.max_model_len:
-            raise RequestError(
-                f"prompt of {n} tokens + max_tokens {params.max_tokens} = {n + params.max_tokens} exceeds the "
-                f"model's context of {self.max_model_len} tokens", param="max_tokens"
-            )
-        if n + params.max_tokens > self.capacity_tokens:
-            raise RequestError(
-                f"prompt of {n} tokens + max_tokens {params.max_tokens} needs "
-                f"{-(-(n + params.max_tokens) // self.layout.block_size)} KV blocks but the pool has "
-                f"{self.layout.num_blocks} ({self.capacity_tokens} tokens)", param="max_tokens"
-            )
-        bs = self.layout.block_size
-        shared_blocks = n // bs
-        group_blocks = shared_blocks + params.n * (-(-(n + params.max_tokens) // bs) - shared_blocks)
-        if params.n > 1 and group_blocks > self.layout.num_blocks:
-            raise RequestError(
-                f"n={params.n} choices of a {n}-token prompt with max_tokens {params.max_tokens} need "
-                f"{group_blocks} KV blocks but the pool has {self.layout.num_blocks}; lower n or max_tokens",
-                param="n",
-            )
+        check_request(prompt_ids, params, self.limits, lambda spec: self.grammars.compile(spec))
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, cache_salt: str | None = None,
@@ -284,11 +174,11 @@ class LLMEngine:
         the engine thread does not decide it again); raises RequestError only for an id already in use."""
         ids = list(prompt_ids)
         rid = request_id or f"req-{next(self._ids)}"
-        if rid in self.seqs or rid in self.groups:
+        if rid in self.seqs or rid in self.output.groups:
             raise RequestError(f"request id {rid!r} is already in use")
         salt = cache_salt if cache_salt is not None else self.config.cache_salt
         if params.n > 1:
-            self.groups[rid] = _Group(params.n, params.n, cache_salt=salt)
+            self.output.open_group(rid, params.n, salt)
         self._add_choice(rid, ids, params, salt, tuple(pins), 0)
         return rid
 
@@ -306,35 +196,34 @@ class LLMEngine:
         seq = Sequence(sid, ids, len(ids), params, extra_keys=(*self.extra_keys, salt), pins=pins, generator=gen,
                        parent_id=rid if params.n > 1 else None, index=index, grammar=grammar, draft_budget=budget)
         self.seqs[sid] = seq
-        self.outputs[sid] = TextOutput(self.tokenizer, params.stop, params.skip_special_tokens,
-                                       params.include_stop_str_in_output)
+        self.output.add(seq)
         self.scheduler.add(seq)
-
-    def _spawn_choices(self, first: Sequence) -> None:
-        """Add choices 1..n-1 once choice 0 has its prompt's K/V: they reuse its full prompt blocks through the
-        prefix cache and compute only the last, partial block themselves."""
-        group = self.groups.get(first.group_id)
-        if group is None or group.spawned:
-            return
-        group.spawned = True
-        prompt = first.token_ids[: first.num_prompt_tokens]
-        for i in range(1, group.n):
-            self._add_choice(first.group_id, list(prompt), first.params, group.cache_salt, first.pins, i)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (all its choices) and free its blocks; returns False if it was not (or no longer)
         running."""
-        group = self.groups.pop(request_id, None)
-        ids = [request_id, *(f"{request_id}/{i}" for i in range(1, group.n if group else 1))]
+        group = self.output.drop(request_id)
         found = False
-        for sid in ids:
+        for sid in [request_id, *(f"{request_id}/{i}" for i in range(1, group.n if group else 1))]:
             seq = self.seqs.pop(sid, None)
-            self.outputs.pop(sid, None)
             if seq is not None:
                 self.scheduler.remove(seq)
-                seq.finish_reason = "abort"
+                seq.finish_reason = FinishReason.ABORT
                 found = True
         return found
+
+    def request(self, request_id: str) -> Sequence | None:
+        """The live sequence of a request id (choice 0), None once it finished or was aborted."""
+        return self.seqs.get(request_id)
+
+    def request_ids(self) -> list[str]:
+        """The ids of every live sequence (a request's choices 1..n-1 as `id/i`)."""
+        return list(self.seqs)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission."""
+        return len(self.scheduler.waiting)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -361,7 +250,7 @@ class LLMEngine:
         now = time.monotonic()
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             if seq.request_id in failed:
-                outputs.append(self._fail(seq, failed[seq.request_id]))
+                outputs.append(self._finish(seq, self.output.fail(seq, failed[seq.request_id])))
                 continue
             draft, seq.draft = seq.draft, []
             seq.num_computed += n - len(draft)
@@ -412,23 +301,8 @@ class LLMEngine:
         if seq.draft_budget is not None:
             seq.draft_budget.record(len(draft), accepted)
         if seq.status is Status.RUNNING:
-            keep = -(-seq.num_computed // self.layout.block_size)
-            if len(seq.block_table) > keep:
-                self.blocks.free(seq.block_table[keep:])
-                del seq.block_table[keep:], seq.block_logical[keep:]
-        return self._merge(outs)
-
-    @staticmethod
-    def _merge(outs: list[RequestOutput]) -> RequestOutput | None:
-        """One output for the tokens one step emitted for a sequence: the last output's state, all tokens."""
-        if not outs:
-            return None
-        last = outs[-1]
-        last.new_token_ids = [t for o in outs for t in o.new_token_ids]
-        last.text = "".join(o.text for o in outs)
-        last.logprobs = [lp for o in outs for lp in o.logprobs]
-        last.prompt_logprobs = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
-        return last
+            self.cache.truncate(seq.request_id, seq.num_computed)
+        return self.output.merge(outs)
 
     def _forward(self, batch: ScheduledBatch) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Logits [1 + drafted, V] of every sequence that samples this step (its last known token's row, then
@@ -443,8 +317,8 @@ class LLMEngine:
                 return {}, {batch.seqs[0].request_id: f"forward failed: {exc}"}
         rows: dict[str, torch.Tensor] = {}
         failed: dict[str, str] = {}
-        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
-            alone = ScheduledBatch([seq], [n])
+        for i, seq in enumerate(batch.seqs):
+            alone = batch.alone(i)
             try:
                 rows |= self._rows(alone, *self._execute(alone))
             except Exception as exc:
@@ -513,41 +387,15 @@ class LLMEngine:
         logits, last, spans = self.runner.execute_all(batch, wants)
         for seq, n, span in zip(batch.seqs, batch.num_new, spans, strict=True):
             if span is not None:
-                self._record_prompt_logprobs(seq, n, span)
+                self.output.record_prompt_logprobs(seq, n, span)
         return logits, last
 
-    @staticmethod
-    def _record_prompt_logprobs(seq: Sequence, n: int, logits: torch.Tensor) -> None:
-        """Row j of `logits` (position num_computed + j) gives the logprob of the prompt token after it."""
-        start, k = seq.num_computed, seq.params.prompt_logprobs or 0
-        if start == 0:
-            seq.prompt_logprobs = [None]
-        if len(seq.prompt_logprobs) < start + 1:
-            return  # positions before `start` came from a cache: cannot happen while they are needed
-        del seq.prompt_logprobs[start + 1 :]
-        last = min(start + n, seq.num_prompt_tokens - 1)
-        if last > start:
-            targets = seq.token_ids[start + 1 : last + 1]
-            seq.prompt_logprobs += token_logprobs(logits[: last - start], targets, k)
-
-    def _fail(self, seq: Sequence, error: str) -> RequestOutput:
-        """Finish one request with an error, free its blocks, and cache none of its (possibly partial) K/V."""
-        seq.finish_reason = "error"
-        self.scheduler.remove(seq)
-        self.seqs.pop(seq.request_id, None)
-        self.outputs.pop(seq.request_id, None)
-        self.requests_finished += 1
-        if seq.group_id in self.groups:
-            self.groups[seq.group_id].remaining -= 1
-            if self.groups[seq.group_id].remaining <= 0:
-                self.groups.pop(seq.group_id)
-        return RequestOutput(
-            request_id=seq.group_id, index=seq.index, new_token_ids=[], text="", finished=True,
-            finish_reason="error",
-            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens or 0,
-            num_output_tokens=seq.num_output_tokens, arrival_time=seq.arrival_time,
-            first_token_time=seq.first_token_time, error=error,
-        )
+    def _finish(self, seq: Sequence, out: RequestOutput) -> RequestOutput:
+        """Free a sequence the output processor reported finished (blocks, scheduler entry)."""
+        if out.finished:
+            self.scheduler.remove(seq)
+            self.seqs.pop(seq.request_id, None)
+        return out
 
     def _observe_prefill(self, num_new: list[int], seconds: float) -> None:
         """Tell the KV tiers' cost model how fast prefill runs here (recompute is the alternative to a load)."""
@@ -558,84 +406,35 @@ class LLMEngine:
     def _cache_full_blocks(self, seq: Sequence) -> None:
         bs = self.layout.block_size
         full = seq.num_computed // bs
-        if seq.evicted:
-            seq.num_registered_blocks = full  # K/V computed without the evicted tokens: never offered as a prefix
+        if self.cache.evicted(seq.request_id):
+            self.cache.register_full(seq.request_id, [], seq.token_ids, full, seq.partition)
             return
-        if full > seq.num_registered_blocks:
-            hashes = seq.hashes(bs)
-            self.blocks.cache_chain(seq.block_table, hashes, seq.token_ids, seq.num_registered_blocks, full,
-                                   seq.partition)
+        if full > self.cache.num_registered(seq.request_id):
+            saved = self.cache.register_full(seq.request_id, seq.hashes(bs), seq.token_ids, full, seq.partition)
             if self.connector is not None:
-                for b in range(seq.num_registered_blocks, full):
-                    self.connector.save(hashes[b], seq.block_table[b])
-            seq.num_registered_blocks = full
+                for block_hash, block_id in saved:
+                    self.connector.save(block_hash, block_id)
         for pin in seq.pins:
             covered = min(pin.num_tokens, seq.num_prompt_tokens) // bs
             if covered and full >= covered and seq.pinned_tokens < covered * bs:
-                self.blocks.pin(seq.hashes(bs)[:covered], pin.ttl_s)
+                self.cache.pin(seq.hashes(bs)[:covered], pin.ttl_s)
         if seq.pins:
             covered = max(min(p.num_tokens, seq.num_prompt_tokens) // bs for p in seq.pins)
             if full >= covered:
                 seq.pinned_tokens = covered * bs
 
     def _advance(self, seq: Sequence, token: int | None, now: float) -> RequestOutput | None:
-        """Append the sampled token, apply stop conditions, finish and free the sequence when done."""
-        p, text_out = seq.params, self.outputs[seq.request_id]
-        new: list[int] = []
-        text = ""
-        if seq.num_computed == seq.num_tokens and p.max_tokens == 0:
-            seq.finish_reason = "length"
-        elif token is not None:
-            if seq.grammar is not None and not seq.grammar.accept(token):
-                return self._fail(seq, f"sampled token {token} is not allowed by the request's grammar")
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.token_ids.append(token)
-            new = [token]
-            self.generation_tokens += 1
-            if not p.ignore_eos and (token in self.tokenizer.eos_token_ids or token in p.stop_token_ids):
-                seq.finish_reason = "stop"
-                if p.include_stop_str_in_output:
-                    text = text_out.add(token, check_stop=False)
-            else:
-                text = text_out.add(token, check_stop=seq.num_output_tokens > p.min_tokens)
-                if text_out.stop_sequence is not None:
-                    seq.finish_reason, seq.stop_sequence = "stop_sequence", text_out.stop_sequence
-                elif seq.grammar is not None and seq.grammar.done:
-                    seq.finish_reason = "stop"
-                elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-                    seq.finish_reason = "length"
-        else:
+        """The output processor's report of the sampled token; choices 1..n-1 are added once choice 0 has its
+        prompt's K/V, and a finished sequence is freed."""
+        out = self.output.advance(seq, token, now)
+        if out is None:
             return None
-        if seq.index == 0 and p.n > 1:
-            self._spawn_choices(seq)
-        prompt_logprobs = None
-        if seq.index == 0 and p.prompt_logprobs is not None and seq.num_output_tokens <= len(new):
-            prompt_logprobs = list(seq.prompt_logprobs)
-        logprobs = [seq.pending_logprob] if new and seq.pending_logprob is not None else []
-        seq.pending_logprob = None
-        finished = seq.finish_reason is not None
-        if finished:
-            text += text_out.flush() if seq.stop_sequence is None else ""
-            self.scheduler.remove(seq)
-            self.seqs.pop(seq.request_id, None)
-            self.outputs.pop(seq.request_id, None)
-            self.prompt_tokens += seq.num_prompt_tokens
-            self.requests_finished += 1
-            group = self.groups.get(seq.group_id)
-            if group is not None:
-                group.remaining -= 1
-                if group.remaining <= 0:
-                    self.groups.pop(seq.group_id)
-        return RequestOutput(
-            request_id=seq.group_id, index=seq.index, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-            new_token_ids=new, text=text, finished=finished,
-            finish_reason=seq.finish_reason, stop_sequence=seq.stop_sequence,
-            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens or 0,
-            num_output_tokens=seq.num_output_tokens, pinned_tokens=seq.pinned_tokens,
-            tiers=seq.tiers,
-            arrival_time=seq.arrival_time, first_token_time=seq.first_token_time,
-        )
+        group = self.output.spawn_due(seq) if out.error is None else None
+        if group is not None:
+            prompt = seq.token_ids[: seq.num_prompt_tokens]
+            for i in range(1, group.n):
+                self._add_choice(seq.group_id, list(prompt), seq.params, group.cache_salt, seq.pins, i)
+        return self._finish(seq, out)
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  ) -> list[GenerationResult]:
@@ -649,16 +448,7 @@ class LLMEngine:
         done = 0
         while done < len(keys):
             for out in self.step():
-                res = acc[(out.request_id, out.index)]
-                res.token_ids += out.new_token_ids
-                res.text += out.text
-                res.logprobs += out.logprobs
-                if out.prompt_logprobs is not None:
-                    res.prompt_logprobs = out.prompt_logprobs
-                if out.finished:
-                    res.finish_reason, res.error = out.finish_reason, out.error
-                    res.num_prompt_tokens, res.num_cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
-                    done += 1
+                done += acc[(out.request_id, out.index)].add(out)
         return [acc[k] for k in keys]
 
     def stats(self) -> EngineStats:
@@ -667,41 +457,27 @@ class LLMEngine:
         bs = self.layout.block_size
         fill: dict[int, int] = {}
         for seq in self.scheduler.running:
-            for b, bid in enumerate(seq.block_table):
+            for b, bid in enumerate(self.cache.blocks(seq.request_id).block_ids):
                 fill[bid] = max(fill.get(bid, 0), min(bs, max(0, seq.num_computed - b * bs)))
         stored = sum(fill.values())
         return EngineStats(
             blocks=bstats, bytes_per_block=self.bytes_per_block, kv_dtype=self.kv_dtype,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens, requests_finished=self.requests_finished,
+            num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.output.prompt_tokens,
+            generation_tokens=self.output.generation_tokens, requests_finished=self.output.requests_finished,
             stored_tokens=stored, waste_slots=bstats.in_use * bs - stored,
-            evicted_tokens=self.scheduler.evicted_tokens,
+            evicted_tokens=self.cache.evicted_tokens,
             spec=self.spec.snapshot() if self.config.speculative is not None else None,
         )
 
     def check_integrity(self) -> None:
-        """Block invariants plus: every block referenced by a live sequence has a matching reference, a running
-        sequence was admitted, and its registered blocks are cached under its own chain's hashes (or not at all:
-        a duplicate of a block cached first elsewhere)."""
-        self.blocks.check_integrity()
-        refs: dict[int, int] = {}
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            for bid in seq.block_table:
-                refs[bid] = refs.get(bid, 0) + 1
+        """The cache manager's invariants over the live requests, plus: a waiting request holds no block and a
+        running one was admitted."""
+        live = [*self.scheduler.running, *self.scheduler.waiting]
+        for seq in live:
             if seq.status is Status.WAITING:
-                assert not seq.block_table, f"waiting request {seq.request_id} holds blocks"
-                continue
-            bs = self.layout.block_size
-            assert seq.tiers is not None, f"running request {seq.request_id} has no admission outcome"
-            assert seq.num_registered_blocks * bs <= seq.num_computed, (
-                f"request {seq.request_id}: {seq.num_registered_blocks} blocks registered, "
-                f"{seq.num_computed} tokens computed")
-            if not seq.evicted:
-                for i, bid in enumerate(seq.block_table[: seq.num_registered_blocks]):
-                    held = self.blocks.blocks[bid].hash
-                    assert held in (None, seq.block_hashes[i]), (
-                        f"request {seq.request_id}: its block {i} (pool block {bid}) is cached under another hash")
-        for b in self.blocks.blocks:
-            assert refs.get(b.block_id, 0) == b.ref_count, (
-                f"block {b.block_id}: ref_count {b.ref_count} but {refs.get(b.block_id, 0)} sequence references")
+                assert not self.cache.holds(seq.request_id), f"waiting request {seq.request_id} holds blocks"
+            else:
+                assert seq.tiers is not None, f"running request {seq.request_id} has no admission outcome"
+        self.cache.check_integrity({s.request_id: s.num_computed for s in live},
+                                   {s.request_id: s.block_hashes for s in live})

@@ -60,9 +60,9 @@ class ModelRunner:
         decode_kept: list[int | None] = []
         spans: list[tuple[int, int, int, list[int], list[int] | None]] = []
         observed: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
-        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+        for seq, n, kv in zip(batch.seqs, batch.num_new, batch.blocks, strict=True):
             start, end = seq.num_computed, seq.num_computed + n
-            table, logical = seq.block_table, seq.block_logical
+            table, logical = list(kv.block_ids), list(kv.logical)
             tail = len(table) - 1 - logical[-1]  # physical index = logical block + tail, for new positions
             flat_start = len(ids)
             known = min(end, seq.num_tokens)
@@ -75,12 +75,12 @@ class ModelRunner:
                 kept = (len(table) - 1) * bs + (end - 1) % bs + 1
                 decode_tables.append(table)
                 decode_lens.append(end)
-                decode_kept.append(kept if seq.evicted else None)
+                decode_kept.append(kept if kv.evicted else None)
                 if self.scores is not None:
                     observed.append((flat_start, 1, torch.tensor(table, device=dev),
                                      (torch.arange(len(table) * bs, device=dev) < kept)[None]))
             else:
-                spans.append((flat_start, n, end, table, logical if seq.evicted else None))
+                spans.append((flat_start, n, end, table, logical if kv.evicted else None))
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), num_decode=num_decode)
         if num_decode:

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from hafiza.cache.block_manager import Allocation, BlockManager, PrefixMatch
+from hafiza.cache.block_manager import Allocation, PrefixMatch
 from hafiza.cache.errors import EvictionError
-from hafiza.cache.eviction import AttentionScores, EvictionPolicy
+from hafiza.cache.hashing import BlockHash
+from hafiza.cache.kv_cache_manager import KVBlocks, KVCacheManager
 from hafiza.engine.connector import KVConnector, TierHit, TierLoad, TierOutcome
 from hafiza.engine.sequence import Sequence, Status
 
@@ -38,10 +39,16 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledBatch:
-    """What one forward step computes: `num_new[i]` tokens of `seqs[i]`, single-token decodes first."""
+    """What one forward step computes: `num_new[i]` tokens of `seqs[i]`, single-token decodes first, into the
+    blocks `blocks[i]` (the cache manager's tables once the step was planned)."""
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
+    blocks: list[KVBlocks] = field(default_factory=list)
+
+    def alone(self, i: int) -> ScheduledBatch:
+        """Entry `i` as a batch of its own."""
+        return ScheduledBatch([self.seqs[i]], [self.num_new[i]], [self.blocks[i]])
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -77,28 +84,28 @@ class Registration:
 
 
 class Scheduler:
-    """Owns the waiting queue and the running list; decides each step's batch."""
+    """Owns the waiting queue and the running list; decides each step's batch. Blocks are asked of the cache
+    manager, which owns every table; the scheduler only decides who gets them."""
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, eviction: EvictionPolicy | None = None,
-                 budget_blocks: int | None = None, scores: AttentionScores | None = None) -> None:
-        """With `eviction`, no sequence keeps more than `budget_blocks` blocks: before growing, the policy picks
-        the blocks to keep (sinks, recent window, heavy hitters) and the rest are freed."""
-        self.config, self.blocks = config, blocks
-        self.eviction, self.budget_blocks, self.scores = eviction, budget_blocks, scores
+    def __init__(self, config: SchedulerConfig, cache: KVCacheManager) -> None:
+        """With the cache manager's eviction policy, no sequence keeps more than its `budget_blocks` blocks (sinks,
+        recent window, heavy hitters are kept), so prefill chunks are capped to fit in that budget."""
+        self.config, self.cache, self.blocks = config, cache, cache.pool
+        eviction, budget_blocks = cache.eviction, cache.budget_blocks
+        self.budget_blocks = budget_blocks
         self.max_chunk = config.max_num_batched_tokens
         if eviction is not None and budget_blocks is not None:
-            sinks = -(-getattr(eviction, "sink_tokens", 0) // blocks.block_size)
+            sinks = -(-getattr(eviction, "sink_tokens", 0) // cache.block_size)
             if budget_blocks < sinks + 3:
-                bs = blocks.block_size
+                bs = cache.block_size
                 raise EvictionError(
                     f"a KV token budget of {budget_blocks} blocks ({budget_blocks * bs} tokens) is too small: "
                     f"{eviction.name} eviction keeps {sinks} sink blocks and needs at least {sinks + 3} blocks "
                     f"({(sinks + 3) * bs} tokens)", setting="kv_budget_tokens")
-            self.max_chunk = min(self.max_chunk, (budget_blocks - sinks - 2) * blocks.block_size)
+            self.max_chunk = min(self.max_chunk, (budget_blocks - sinks - 2) * cache.block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.evicted_tokens = 0  # tokens all sequences dropped by eviction, since start
         self.connector: KVConnector | None = None
         self.propose: Proposer | None = None
 
@@ -114,43 +121,16 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq.block_table)
-        seq.block_table = []
+        self.cache.free(seq.request_id)
         seq.status = Status.FINISHED
 
     def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
-        held = seq.block_logical[-1] + 1 if seq.block_logical else 0
-        return max(0, -(-(seq.num_computed + num_new) // self.blocks.block_size) - held)
-
-    def _grow(self, seq: Sequence, need: int) -> None:
-        """Append `need` fresh blocks after the sequence's last logical block."""
-        held = seq.block_logical[-1] + 1 if seq.block_logical else 0
-        fresh = self.blocks.allocate(need)
-        seq.block_table += fresh
-        seq.block_logical += range(held, held + need)
-        if self.scores is not None and fresh:
-            self.scores.reset(fresh)
-
-    def _evict(self, seq: Sequence, need: int) -> None:
-        """Drop blocks chosen by the eviction policy so the sequence stays within its budget after growing."""
-        if self.eviction is None or self.budget_blocks is None or len(seq.block_table) + need <= self.budget_blocks:
-            return
-        bs = self.blocks.block_size
-        scores = self.scores.score(seq.block_table) if self.scores is not None else None
-        keep = self.eviction.select(len(seq.block_table), self.budget_blocks - need, bs, scores)
-        kept = set(keep)
-        dropped = [b for i, b in enumerate(seq.block_table) if i not in kept]
-        self.blocks.free(dropped)
-        seq.block_table = [seq.block_table[i] for i in keep]
-        seq.block_logical = [seq.block_logical[i] for i in keep]
-        seq.evicted = True
-        self.evicted_tokens += len(dropped) * bs
+        return self.cache.blocks_needed(seq.request_id, seq.num_computed + num_new)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.blocks.free(seq.block_table)
-        seq.block_table, seq.block_logical, seq.num_computed, seq.num_registered_blocks = [], [], 0, 0
-        seq.evicted, seq.draft = False, []
+        self.cache.free(seq.request_id)
+        seq.num_computed, seq.draft = 0, []
         seq.status = Status.WAITING
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -168,10 +148,10 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             seq.draft = []
             n = min(seq.num_tokens - seq.num_computed, budget, self.max_chunk)
-            if rank < len(decodes) and self.propose is not None and not seq.evicted:
+            if rank < len(decodes) and self.propose is not None and not self.cache.evicted(seq.request_id):
                 n += self._draft(seq, min(budget - (len(decodes) - rank), self.max_chunk - 1))
             need = self._blocks_needed(seq, n)
-            self._evict(seq, need)
+            self.cache.evict_for(seq.request_id, need)
             while need > self.blocks.num_allocatable():
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -184,7 +164,7 @@ class Scheduler:
                     break
             if seq.status is not Status.RUNNING:
                 continue
-            self._grow(seq, need)
+            self.cache.grow(seq.request_id, need)
             batch.seqs.append(seq)
             batch.num_new.append(n)
             budget -= n
@@ -215,16 +195,13 @@ class Scheduler:
         cached = pool.num_blocks + tiers.num_blocks
         num_new = min(seq.num_tokens - cached * bs, budget, self.max_chunk)
         query = seq.num_tokens if self.config.enable_prefix_caching else 0
-        alloc = self.blocks.admit(pool, -(-(cached * bs + num_new) // bs) - pool.num_blocks, query)
+        alloc = self.cache.admit(seq.request_id, pool, -(-(cached * bs + num_new) // bs) - pool.num_blocks, query)
         if alloc is None:
             return False
         seq.draft = []
-        if self.scores is not None and alloc.fresh:
-            self.scores.reset(list(alloc.fresh))
         reg = self._register(seq, hashes, alloc, tiers, num_new, budget)
-        seq.block_table, seq.block_logical = alloc.block_ids, list(range(len(alloc.block_ids)))
+        self.cache.admitted(seq.request_id, reg.num_cached_blocks)
         seq.num_computed = reg.num_cached_blocks * bs
-        seq.num_registered_blocks = reg.num_cached_blocks
         if seq.tiers is None:  # the first admission's outcome is the request's; a re-admission mostly hits itself
             seq.tiers = reg.tiers
         seq.status = Status.RUNNING
@@ -241,14 +218,14 @@ class Scheduler:
             return "prompt logprobs need every prompt position's logits: the prompt is computed"
         return ""
 
-    def _match_pool(self, seq: Sequence, hashes: list[str]) -> PrefixMatch:
+    def _match_pool(self, seq: Sequence, hashes: list[BlockHash]) -> PrefixMatch:
         """Step 1: the pool's cached prefix, at most half an eviction budget (leaving room to grow within it)."""
         if self._uncached_because(seq):
             return PrefixMatch()
         cap = self.budget_blocks // 2 if self.budget_blocks is not None else None
         return self.blocks.match_prefix(seq.token_ids, hashes, max_blocks=cap)
 
-    def _match_tiers(self, seq: Sequence, hashes: list[str], pool: PrefixMatch) -> TierMatch:
+    def _match_tiers(self, seq: Sequence, hashes: list[BlockHash], pool: PrefixMatch) -> TierMatch:
         """Step 2: ask the tiers for the blocks past the pool's prefix (never the last prompt token's block)."""
         limit = (seq.num_tokens - 1) // self.blocks.block_size
         skipped = (self._uncached_because(seq)
@@ -260,7 +237,7 @@ class Scheduler:
             return TierMatch(skipped=skipped)
         return TierMatch(self.connector.lookup(hashes[pool.num_blocks : limit], seq.token_ids, pool.num_blocks))
 
-    def _register(self, seq: Sequence, hashes: Seq[str], alloc: Allocation, tiers: TierMatch, num_new: int,
+    def _register(self, seq: Sequence, hashes: Seq[BlockHash], alloc: Allocation, tiers: TierMatch, num_new: int,
                   budget: int) -> Registration:
         """Step 4: load the tiers' blocks into the fresh blocks and register those that arrived; a shortfall is
         recomputed, in the blocks already allocated."""
@@ -269,8 +246,8 @@ class Scheduler:
         loaded = TierLoad()
         if tiers.num_blocks and tiers.hit is not None and self.connector is not None:
             loaded = self.connector.load(tiers.hit, alloc.fresh[: tiers.num_blocks])
-            self.blocks.cache_loaded(alloc.block_ids, hashes, seq.token_ids, start, start + loaded.num_blocks,
-                                     seq.partition)
+            self.cache.register_loaded(seq.request_id, hashes, seq.token_ids, start, start + loaded.num_blocks,
+                                       seq.partition)
             cached = start + loaded.num_blocks
             num_new = min(seq.num_tokens - cached * bs, budget, len(alloc.block_ids) * bs - cached * bs)
         return Registration(start + loaded.num_blocks, num_new, self._outcome(start, tiers, loaded))
@@ -287,7 +264,8 @@ class Scheduler:
         return TierOutcome(tiers.hit.decision, reason, pool_blocks * bs, loaded.num_blocks, loaded.num_blocks * bs,
                            per_tier)
 
-    @staticmethod
-    def _decodes_first(batch: ScheduledBatch) -> ScheduledBatch:
+    def _decodes_first(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """The planned batch, decodes first, with each sequence's blocks as the cache manager now holds them."""
         order = sorted(range(len(batch)), key=lambda i: batch.num_new[i] != 1)
-        return ScheduledBatch([batch.seqs[i] for i in order], [batch.num_new[i] for i in order])
+        seqs = [batch.seqs[i] for i in order]
+        return ScheduledBatch(seqs, [batch.num_new[i] for i in order], [self.cache.blocks(s.request_id) for s in seqs])

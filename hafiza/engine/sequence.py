@@ -1,4 +1,5 @@
-"""A request's state inside the engine: tokens, KV blocks, progress, pins and timings."""
+"""A request's state inside the engine: tokens, progress, pins and timings (its KV blocks belong to the cache
+manager, hafiza/cache/kv_cache_manager.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hafiza.cache.hashing import chain_hashes
+from hafiza.cache.hashing import BlockHash, chain_hashes
 from hafiza.engine.connector import TierOutcome
 from hafiza.engine.output import TokenLogprob
+from hafiza.engine.results import FinishReason
 from hafiza.engine.sampling import SamplingParams
 from hafiza.engine.speculative.backoff import DraftBudget
 
@@ -37,13 +39,8 @@ class CachePin:
 class Sequence:
     """One request. `num_computed` tokens have K/V in the pool; `token_ids` holds prompt then output.
 
-    `block_logical[i]` is the logical block (position // block_size) that `block_table[i]` holds: the identity
-    until an eviction policy drops blocks (`evicted`), after which kept blocks keep their original positions.
-
-    Two counts that sound alike: `num_registered_blocks` is engine bookkeeping, how many leading full blocks of
-    `block_table` are already registered in the prefix cache (or, once `evicted`, skipped); `num_cached_tokens`
-    is what the request reports, the prompt tokens its first admission did not compute (from `tiers`).
-    `pinned_tokens` is how much of the prompt its cache breakpoints (`pins`) have pinned so far.
+    `num_cached_tokens` is what the request reports, the prompt tokens its first admission did not compute (from
+    `tiers`). `pinned_tokens` is how much of the prompt its cache breakpoints (`pins`) have pinned so far.
 
     A request with n > 1 choices is n sequences: `parent_id` is the request's id and `index` the choice.
 
@@ -57,15 +54,11 @@ class Sequence:
     extra_keys: tuple = ()
     pins: tuple[CachePin, ...] = ()
     status: Status = Status.WAITING
-    block_table: list[int] = field(default_factory=list)
-    block_logical: list[int] = field(default_factory=list)
-    evicted: bool = False
     num_computed: int = 0
-    block_hashes: list[str] = field(default_factory=list)
-    num_registered_blocks: int = 0
+    block_hashes: list[BlockHash] = field(default_factory=list)
     pinned_tokens: int = 0
     tiers: TierOutcome | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
@@ -108,7 +101,7 @@ class Sequence:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    def hashes(self, block_size: int) -> list[str]:
+    def hashes(self, block_size: int) -> list[BlockHash]:
         """Chained hashes of every full block of `token_ids`, extended incrementally."""
         full = len(self.token_ids) // block_size
         if len(self.block_hashes) < full:

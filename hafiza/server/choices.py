@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hafiza.engine.engine import RequestOutput
+from hafiza.engine.results import RequestOutput
 from hafiza.server.tools.parse import Part
 from hafiza.server.tools.reply import ReplyReader
 

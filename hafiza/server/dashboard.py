@@ -23,7 +23,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from hafiza.engine.async_engine import AsyncEngine
-from hafiza.engine.engine import LLMEngine, RequestOutput
+from hafiza.engine.engine import LLMEngine
+from hafiza.engine.results import RequestOutput
 from hafiza.server.auth import Role, caller, require_access, require_admin
 from hafiza.server.errors import ApiError
 from hafiza.server.prefixes import PrefixIndex

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from fastapi import Request
 
 from hafiza.engine.async_engine import EngineDeadError, EngineOverloadedError
-from hafiza.engine.engine import RequestOutput
+from hafiza.engine.results import RequestOutput
 from hafiza.engine.sampling import SamplingParams
 from hafiza.engine.sequence import CachePin
 from hafiza.errors import RequestError

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from hafiza.engine.engine import EngineStats
+from hafiza.engine.results import EngineStats
 from hafiza.server.settings import PriceTable
 from hafiza.server.usage import CacheUsage
 

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from hafiza.engine.async_engine import RequestStream
-from hafiza.engine.engine import RequestOutput
+from hafiza.engine.results import RequestOutput
 
 
 class ClientGone(Exception):

@@ -10,7 +10,7 @@ tier outcome (`RequestOutput.tiers`).
 from __future__ import annotations
 
 from hafiza.engine.connector import TierOutcome
-from hafiza.engine.engine import RequestOutput
+from hafiza.engine.results import RequestOutput
 
 HEADER = "x-hafiza-tiers"
 _ASCII = str.maketrans({"≈": "~", "≤": "<=", "≥": ">=", "×": "x", "→": "->"})

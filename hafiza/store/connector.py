@@ -483,7 +483,7 @@ def engine_pin_ttl(engine: LLMEngine) -> PinTTL:
         for seq in engine.scheduler.running:
             for pin in seq.pins:
                 covered = min(pin.num_tokens, seq.num_prompt_tokens) // bs
-                if block_id in seq.block_table[:covered]:
+                if block_id in engine.cache.blocks(seq.request_id).block_ids[:covered]:
                     best = max(best or 0.0, pin.ttl_s)
         return best
 
@@ -496,8 +496,9 @@ def engine_block_tokens(engine: LLMEngine) -> BlockTokens:
     def tokens(block_id: int) -> list[int] | None:
         bs = engine.layout.block_size
         for seq in engine.scheduler.running:
-            if block_id in seq.block_table:
-                end = (seq.block_table.index(block_id) + 1) * bs
+            table = engine.cache.blocks(seq.request_id).block_ids
+            if block_id in table:
+                end = (table.index(block_id) + 1) * bs
                 return list(seq.token_ids[:end]) if len(seq.token_ids) >= end else None
         return None
 

@@ -8,7 +8,7 @@ import torch
 
 from hafiza.cache.pool import layout_for, make_kv_pool
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
-from hafiza.engine.engine import GenerationResult
+from hafiza.engine.results import GenerationResult
 from hafiza.engine.scheduler import ScheduledBatch
 from hafiza.models import LoadedModel
 from hafiza.models.attention import AttentionMetadata, PrefillSpan

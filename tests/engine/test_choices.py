@@ -30,7 +30,7 @@ def test_choices_share_the_prompt_blocks(engine: LLMEngine) -> None:
     assert [r.num_cached_tokens for r in results] == [0, 48, 48, 48]  # the last prompt token is always computed
     assert engine.blocks.prefix_cache_hits == 3 * 48
     engine.check_integrity()
-    assert engine.blocks.stats().in_use == 0 and not engine.groups and not engine.seqs
+    assert engine.blocks.stats().in_use == 0 and not engine.output.groups and not engine.seqs
 
 
 def test_seeded_choices_are_distinct_and_reproducible(engine: LLMEngine) -> None:
@@ -62,7 +62,7 @@ def test_abort_stops_every_choice(engine: LLMEngine) -> None:
         engine.step()
     assert len(engine.seqs) == 3
     assert engine.abort(rid)
-    assert not engine.seqs and not engine.groups and not engine.has_unfinished()
+    assert not engine.seqs and not engine.output.groups and not engine.has_unfinished()
     engine.check_integrity()
     assert engine.blocks.stats().in_use == 0
 

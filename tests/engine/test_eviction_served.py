@@ -21,9 +21,10 @@ def test_sequence_beyond_budget_evicts_blocks_and_keeps_positions(tiny_llama: Lo
     while engine.has_unfinished():
         outs += engine.step()
         for seq in engine.scheduler.running:
-            assert len(seq.block_table) <= 6
-            assert seq.block_logical[0] == 0  # the sink block stays, at its position
-            seen.append(list(seq.block_logical))
+            kv = engine.cache.blocks(seq.request_id)
+            assert len(kv.block_ids) <= 6
+            assert kv.logical[0] == 0  # the sink block stays, at its position
+            seen.append(list(kv.logical))
         engine.check_integrity()
     assert seen[-1][-1] * 16 == 208  # 200 prompt + 19 fed-back tokens: the last block starts at 208
     assert engine.stats().evicted_tokens == 16 * (14 - 6)

@@ -25,7 +25,8 @@ def _served_scores(lm: LoadedModel, kv_dtype: str) -> tuple[list[int], torch.Ten
     tokens: list[int] = []
     while engine.has_unfinished():
         if engine.scheduler.running:
-            table, tokens = list(engine.scheduler.running[0].block_table), list(engine.scheduler.running[0].token_ids)
+            seq = engine.scheduler.running[0]
+            table, tokens = list(engine.cache.blocks(seq.request_id).block_ids), list(seq.token_ids)
         engine.step()
     assert engine.scores is not None and engine.stats().evicted_tokens == 0
     computed = tokens[: PROMPT + GEN - 1]  # the last sampled token is never fed back

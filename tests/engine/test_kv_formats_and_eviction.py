@@ -44,7 +44,7 @@ def test_eviction_keeps_each_sequence_within_its_budget(tiny_llama: LoadedModel,
         for out in engine.step():
             outputs[out.request_id] = outputs.get(out.request_id, 0) + len(out.new_token_ids)
         for seq in engine.scheduler.running:
-            assert len(seq.block_table) <= 8
+            assert len(engine.cache.blocks(seq.request_id).block_ids) <= 8
         engine.check_integrity()
     assert outputs == {"req-0": 30, "req-1": 30, "req-2": 30}
     assert engine.stats().blocks.in_use == 0

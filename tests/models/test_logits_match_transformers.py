@@ -9,6 +9,7 @@ import torch
 
 from hafiza.bench.peers import transformers_model as hf_reference_from_loaded
 from hafiza.cache.formats.full import FullPrecisionKV
+from hafiza.cache.kv_cache_manager import KVBlocks
 from hafiza.cache.layout import KVLayout
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
 from hafiza.engine.runner import ModelRunner
@@ -33,12 +34,12 @@ def paged_logits(lm: LoadedModel, prompt: list[int], steps: int, block_size: int
     runner = ModelRunner(lm.model, kv, block_size, fresh_kv_exact=True)
     table = list(range(n_blocks + 3))
     random.Random(0).shuffle(table)
-    seq = Sequence("t", list(prompt), len(prompt), SamplingParams(), block_table=table[:n_blocks],
-                   block_logical=list(range(n_blocks)))
+    seq = Sequence("t", list(prompt), len(prompt), SamplingParams())
+    blocks = KVBlocks(tuple(table[:n_blocks]), tuple(range(n_blocks)))
     out = []
     n = len(prompt)
     for _ in range(steps + 1):
-        logits, _ = runner.execute(ScheduledBatch([seq], [n]))
+        logits, _ = runner.execute(ScheduledBatch([seq], [n], [blocks]))
         out.append(logits[0])
         seq.num_computed += n
         seq.token_ids.append(int(logits[0].argmax()))

@@ -17,7 +17,7 @@ import pytest
 
 from hafiza.engine import EngineConfig, LLMEngine
 from hafiza.engine.async_engine import AsyncEngine
-from hafiza.engine.engine import EngineStats
+from hafiza.engine.results import EngineStats
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name

@@ -177,7 +177,7 @@ def test_forced_reply_is_the_json_after_the_prefix() -> None:
 
 
 def test_without_parallel_calls_only_the_first_is_kept(default_model: LoadedModel) -> None:
-    from hafiza.engine.engine import RequestOutput
+    from hafiza.engine.results import RequestOutput
     from hafiza.server.tools.reply import ReplyReader
     from hafiza.server.tools.spec import ToolChoice, ToolDef
 

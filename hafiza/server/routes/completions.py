@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from hafiza.engine.engine import RequestOutput
+from hafiza.engine.results import RequestOutput
 from hafiza.engine.sampling import SamplingParams
 from hafiza.server.auth import request_partition, require_openai_key
 from hafiza.server.body import parse_json, read_body, validate

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hafiza.engine.engine import RequestOutput
+from hafiza.engine.results import RequestOutput
 from hafiza.models.tokenizer import Tokenizer
 from hafiza.server.tools.formats import ToolFormat
 from hafiza.server.tools.parse import CallPart, Part, TextPart, ToolCallParser

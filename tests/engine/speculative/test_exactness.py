@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
-from hafiza.engine.engine import GenerationResult
+from hafiza.engine.results import GenerationResult
 from hafiza.engine.speculative import SpeculativeConfig
 from hafiza.models import LoadedModel
 
@@ -120,10 +120,10 @@ def test_stop_strings_and_max_tokens_cut_runs(default_model: LoadedModel, prompt
     reference = engine(default_model, speculative=False).generate(batch, params)
     assert any(r.finish_reason == "stop_sequence" for r in reference)
     eng = engine(default_model)
-    before = eng.generation_tokens
+    before = eng.output.generation_tokens
     results = eng.generate(batch, params)
     assert key(results) == key(reference)
-    assert eng.generation_tokens - before == sum(len(r.token_ids) for r in reference)
+    assert eng.output.generation_tokens - before == sum(len(r.token_ids) for r in reference)
     eng.check_integrity()
     assert eng.stats().spec.num_accepted_tokens > 0  # type: ignore[union-attr]
 
