@@ -20,6 +20,13 @@ def test_no_module_but_settings_reads_a_variable() -> None:
     assert readers == []
 
 
+def test_no_module_but_settings_names_a_variable() -> None:
+    """Code and docstrings refer to a switch through its Setting, so renaming one touches settings.py alone."""
+    named = [str(p.relative_to(ROOT)) for p in (ROOT / "hafiza").rglob("*.py")
+             if p.name != "settings.py" and "HAFIZA_" in p.read_text()]
+    assert named == []
+
+
 def test_every_setting_is_documented() -> None:
     doc = (ROOT / "docs" / "ENGINE.md").read_text()
     assert [s.name for s in settings.ALL if f"`{s.name}`" not in doc] == []

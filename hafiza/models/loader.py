@@ -69,7 +69,7 @@ def load_model(
     `dtype` is the compute dtype (activations, norms, KV); `weights` the weight format (docs/WEIGHTS.md):
     auto keeps the file's precision class (GGUF 4-bit -> int4, Q5/Q6/Q8 -> int8, F16/BF16/F32 as they are),
     q4 / q8 quantize every matmul weight, bf16 / fp32 dequantize exactly (fp32 is the reference path).
-    A GGUF's repacked matmuls are kept in the weight cache (weight_cache.py; `HAFIZA_WEIGHTS_CACHE=off` disables
+    A GGUF's repacked matmuls are kept in the weight cache (weight_cache.py; settings.WEIGHTS_CACHE `off` disables
     it) and mapped from there on later loads of the same file and format.
     """
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)

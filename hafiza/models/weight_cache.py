@@ -6,7 +6,7 @@ maps its own file. One directory per (GGUF size, mtime, sha256 of its first and 
 mode, device type, the running ISA's int4 block rows, layout version); one file per repacked matmul, written to a
 temporary name and renamed, so a reader never sees half a file. Only the CPU layout is cached.
 
-Directory: `HAFIZA_WEIGHTS_CACHE` (a path, or `off` to disable), else `$XDG_CACHE_HOME/hafiza/weights`, else
+Directory: `settings.WEIGHTS_CACHE` (a path, or `off` to disable), else `$XDG_CACHE_HOME/hafiza/weights`, else
 `~/.cache/hafiza/weights`. The `KEEP` most recently used models are kept, older ones removed.
 """
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def cache_root() -> Path | None:
-    """Where the cache lives, or None when `HAFIZA_WEIGHTS_CACHE=off`."""
+    """Where the cache lives, or None when settings.WEIGHTS_CACHE is `off`."""
     env = settings.WEIGHTS_CACHE.read()
     if env.lower() in ("off", "0", "no", "false"):
         return None
