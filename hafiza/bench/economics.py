@@ -98,6 +98,12 @@ def min_decode(s: Setting, codec: CodecCost, tier_bps: float) -> float:
     return r / room if room > 0 else INF
 
 
+def max_predictor_cost(s: Setting, codec: CodecCost, tier_bps: float) -> float:
+    """The predictor cost (fraction of a prefill) below which a predicted hit on this tier beats recompute."""
+    r = s.raw_bytes_per_token
+    return 1 - s.prefill_tps * (r * codec.bits / 16 / tier_bps + _decode_s(r, codec))
+
+
 def crossover_bandwidth(s: Setting, spec: CodecCost, other: CodecCost) -> float:
     """The fastest tier (bytes/s) on which a hit in `spec` still beats a hit in `other` (inf: on every tier;
     0: on none)."""
@@ -199,10 +205,16 @@ class Check:
     measured_s: float
 
 
+# the speculative codec on this machine when a run loaded nothing predicted: `hafiza bench predictor` (docs/CODEC.md)
+BENCH_PREDICTOR = CodecCost("speculative", 4.13, 20.3e6, predicted=True)
+BENCH_PREDICTOR_COST = 0.49
+
+
 def machine_inputs(runs: Sequence[Measured], raw_bytes_per_token: float) -> tuple[Setting | None,
                                                                                   dict[str, CodecCost], float | None]:
     """This machine's setting (prefill and predictor cost pooled over every run), each codec's measured cost,
-    and the Redis bandwidth (medians over the runs that measured them)."""
+    and the Redis bandwidth (medians over the runs that measured them). A speculative codec no run loaded
+    predicted gets `hafiza bench predictor`'s figures instead (BENCH_PREDICTOR, BENCH_PREDICTOR_COST)."""
     prefill = _median(m.prefill_tps for m in runs)
     predict = _median(m.predict_tps for m in runs if m.codec == "speculative")
     tier = _median(m.tier_bps for m in runs)
@@ -212,9 +224,11 @@ def machine_inputs(runs: Sequence[Measured], raw_bytes_per_token: float) -> tupl
         bits, decode = _median(m.bits for m in mine), _median(m.decode_bps for m in mine)
         if bits is not None and decode is not None:
             codecs[name] = CodecCost(name, bits, decode, predicted=name == "speculative")
+    if any(m.codec == "speculative" for m in runs) and "speculative" not in codecs:
+        codecs["speculative"] = BENCH_PREDICTOR
     if prefill is None:
         return None, codecs, tier
-    cost = prefill / predict if predict else 0.0
+    cost = prefill / predict if predict else BENCH_PREDICTOR_COST
     return Setting("this machine (measured)", raw_bytes_per_token, prefill, cost), codecs, tier
 
 
@@ -227,6 +241,8 @@ def check_runs(runs: Sequence[Measured], setting: Setting | None, codecs: Mappin
         if m.codec == "none" or m.popularity not in floor:
             continue
         codec = codecs.get(m.codec)
+        if m.codec == "speculative" and m.predict_tps is None:  # it loaded only fallback-coded blocks
+            codec = codecs.get("fast")
         ratio = None
         if setting is not None and codec is not None and tier_bps:
             ratio = hit_s(setting, codec, tier_bps) / recompute_s(setting)
@@ -300,7 +316,7 @@ def _rate(value: float, unit: str, scale: float, inf: str, zero: str = "never") 
     """A rate for a break-even column: `inf` and `zero` say what the unbounded ends mean there."""
     if math.isinf(value):
         return inf
-    return zero if value <= 0 else f"{value / scale:,.1f} {unit}"
+    return zero if value <= 0 else f"{value / scale:,.3g} {unit}"
 
 
 def _gbit(bps: float, inf: str) -> str:
@@ -317,6 +333,7 @@ def per_hit_rows(s: Setting, codecs: Sequence[CodecCost], tier_bps: float) -> li
                      "min_bandwidth": min_bandwidth(s, c), "max_prefill": max_prefill(s, c, tier_bps),
                      "min_decode": min_decode(s, c, tier_bps),
                      "cross_zstd": (crossover_bandwidth(s, c, zstd) if c.predicted and zstd else None),
+                     "max_predictor_cost": max_predictor_cost(s, c, tier_bps) if c.predicted else None,
                      "pays": (pays(s, c, zstd, tier_bps) if c.predicted and zstd else h < recompute_s(s))})
     return rows
 
@@ -336,6 +353,7 @@ def economics(data: Mapping[str, Any]) -> dict[str, Any]:
                 published.append({"setting": s.label, "link_gbps": gbps, "decoders": label,
                                   "recompute_us": recompute_s(s) * 1e6, "rows": per_hit_rows(s, cs, w)})
     return {"raw_bytes_per_token": raw, "runs": [m.__dict__ for m in runs],
+            "predicted_measured": any(m.predict_tps for m in runs),
             "setting": setting.__dict__ if setting else None, "codecs": {k: v.__dict__ for k, v in codecs.items()},
             "tier_bps": tier, "here": here, "checks": [c.__dict__ for c in check_runs(runs, setting, codecs, tier)],
             "published_figures": [f.__dict__ for f in PUBLISHED], "links_gbps": list(LINKS_GBPS),
@@ -364,7 +382,9 @@ def print_economics(e: Mapping[str, Any], console: Console | None = None) -> Non
                   "machine[/yellow]")
     else:
         con.print(f"this machine: R = {e['raw_bytes_per_token']:,.0f} B/token, P = {s['prefill_tps']:,.0f} tok/s, "
-                  f"p = {s['predictor_cost']:.2f}, W = {e['tier_bps'] / 1e6:,.0f} MB/s")
+                  f"p = {s['predictor_cost']:.2f}, W = {e['tier_bps'] / 1e6:,.0f} MB/s"
+                  + ("" if e["predicted_measured"] else "; speculative: no predicted load in this run, so its bits, "
+                     "decode speed and p are `hafiza bench predictor`'s (docs/CODEC.md)"))
         con.print(_hit_table("Per hit on this machine", e["here"], 1e6 / s["prefill_tps"]))
     c = Table(title="Check: mean TTFT predicted from the no-tier run, the hit rate and the inputs, against measured")
     for col in ("popularity", "codec", "hit rate", "hit / recompute", "predicted s", "measured s", "error"):
@@ -386,11 +406,13 @@ def print_economics(e: Mapping[str, Any], console: Console | None = None) -> Non
 def _hit_table(title: str, rows: Sequence[Mapping[str, Any]], recompute_us: float) -> Table:
     t = Table(title=f"{title}: recompute {recompute_us:,.2f} µs/token")
     for col in ("codec", "hit µs/token", "hit / recompute", "beats recompute above", "… below prefill",
-                "decode needed", "beats zstd below", "pays"):
+                "decode needed", "beats zstd below", "predictor cost below", "pays"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r["codec"], f"{r['hit_us']:,.2f}", f"{r['over_recompute']:,.2f}",
                   _gbit(r["min_bandwidth"], "never"), _rate(r["max_prefill"], "k tok/s", 1e3, "any"),
                   _rate(r["min_decode"], "GB/s", 1e9, "never"),
-                  "" if r["cross_zstd"] is None else _gbit(r["cross_zstd"], "any"), "yes" if r["pays"] else "no")
+                  "" if r["cross_zstd"] is None else _gbit(r["cross_zstd"], "any"),
+                  "" if r.get("max_predictor_cost") is None else f"{r['max_predictor_cost']:.2f}",
+                  "yes" if r["pays"] else "no")
     return t

@@ -8,6 +8,8 @@ import math
 import pytest
 
 from hafiza.bench.economics import (
+    BENCH_PREDICTOR,
+    BENCH_PREDICTOR_COST,
     FREE_DECODE,
     PUBLISHED,
     CodecCost,
@@ -17,6 +19,7 @@ from hafiza.bench.economics import (
     economics,
     hit_s,
     machine_inputs,
+    max_predictor_cost,
     max_prefill,
     measure_run,
     min_bandwidth,
@@ -64,6 +67,10 @@ def test_break_even_prefill_and_decode_speeds() -> None:
     d_min = min_decode(S, SPEC, w)  # 750 µs − 200 µs of room for decoding 16,000 bytes
     assert d_min == pytest.approx(16_000 / 550e-6)
     assert hit_s(S, CodecCost("s", 4.0, d_min, predicted=True), w) == pytest.approx(recompute_s(S))
+    p_max = max_predictor_cost(S, SPEC, w)  # 1 − 1000 × 600 µs
+    assert p_max == pytest.approx(0.4)
+    at_p = Setting("p", S.raw_bytes_per_token, S.prefill_tps, p_max)
+    assert hit_s(at_p, SPEC, w) == pytest.approx(recompute_s(at_p))
 
 
 def test_unreachable_break_evens_say_so() -> None:
@@ -121,6 +128,13 @@ def test_measured_inputs_and_the_check_against_the_no_tier_run() -> None:
     assert checks["speculative"].hit_over_recompute == pytest.approx(ratio)
     assert checks["speculative"].predicted_s == pytest.approx(4.0 * (1 - 0.5 * (1 - ratio)))
     assert set(checks) == {"zstd", "speculative"}
+    only_fallback = [runs[0], measure_run(_row("fast", "zipf", 0.1, 3.8, [fallback_why]), raw),
+                     measure_run(_row("speculative", "zipf", 0.1, 3.9, [fallback_why]), raw)]
+    setting2, codecs2, _ = machine_inputs(only_fallback, raw)
+    assert setting2 is not None and setting2.predictor_cost == BENCH_PREDICTOR_COST
+    assert codecs2["speculative"] == BENCH_PREDICTOR and codecs2["fast"].bits == pytest.approx(15.0)
+    fallback_check = next(c for c in check_runs(only_fallback, setting2, codecs2, tier) if c.codec == "speculative")
+    assert fallback_check.hit_over_recompute == pytest.approx(hit_s(setting2, codecs2["fast"], tier) * 100)
 
 
 def test_report_covers_the_published_settings_and_labels_assumptions() -> None:
