@@ -116,6 +116,10 @@ def serve(
         metavar="ENDPOINT",
         help="ZMQ ROUTER socket where a subscriber that missed KV events asks for them again (needs --kv-events).")
                                 ] = None,
+    role: Annotated[str, typer.Option(
+        help="Part in a prefill/decode split behind vllm-router --vllm-pd-disaggregation: prefill (compute prompts, "
+             "write their KV blocks to Redis) or decode (load them from Redis), both needing --store-redis; or "
+             "both (an ordinary worker).")] = "both",
     speculative_method: SpeculativeMethod = None,
     num_speculative_tokens: NumSpeculativeTokens = None,
     prompt_lookup_max: PromptLookupMax = None,
@@ -128,6 +132,7 @@ def serve(
     from hafiza.errors import HafizaError
     from hafiza.server import PriceTable, ServerSettings, create_app
     from hafiza.server.launch import build_engine, describe, served_name, uvicorn_config
+    from hafiza.server.pd import PDWorker, check_role
     from hafiza.server.store import serve_store
 
     if min_cache_tokens < 0 or max_body_bytes < 1:
@@ -144,6 +149,7 @@ def serve(
     if kv_events is not None and block_size % 16:
         raise HafizaError(f"--kv-events announces blocks of 16 tokens, as vLLM does: --block-size {block_size} "
                           f"must be a multiple of 16")
+    check_role(role, store_redis)
     speculative = speculative_config(speculative_method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
                                      eviction)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -175,6 +181,8 @@ def serve(
         app = create_app(aengine, settings)
         if connector is not None:
             serve_store(app, connector)
+        if role != "both" and connector is not None:
+            app.state.hafiza.pd = PDWorker(role, aengine.engine, connector)
         aengine.start()  # everything is attached: from here on only the engine thread touches the engine
         uvicorn.Server(uvicorn_config(app, host, port, log_level.lower(), header_timeout)).run()
     finally:

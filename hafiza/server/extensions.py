@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from hafiza.models.tokenizer import Tokenizer
 from hafiza.server.errors import ApiError
+from hafiza.server.pd import parse_transfer
 from hafiza.server.schemas.openai import ChatVllmFields, VllmFields
 
 THINK_END = "</think>"
@@ -22,14 +23,13 @@ def reasons(tokenizer: Tokenizer) -> bool:
     return tokenizer.backend.token_to_id(THINK_END) is not None
 
 
-def check_extensions(req: VllmFields, tokenizer: Tokenizer) -> None:
-    """400 naming the first extension field set to a value this server cannot honour."""
+def check_extensions(req: VllmFields, tokenizer: Tokenizer, role: str = "both") -> None:
+    """400 naming the first extension field set to a value this server cannot honour; `kv_transfer_params` is
+    taken only by a prefill or decode worker (`role`, see hafiza/server/pd.py)."""
     if req.return_hidden_states:
         raise ApiError(400, "return_hidden_states: hidden states are not returned by this server",
                        param="return_hidden_states")
-    if req.kv_transfer_params is not None:
-        raise ApiError(400, "kv_transfer_params: this server has no prefill/decode split (KV transfer); send "
-                            "null or leave it out", param="kv_transfer_params")
+    parse_transfer(req.kv_transfer_params, role, bool(getattr(req, "stream", False)))
     if isinstance(req, ChatVllmFields) and reasons(tokenizer):
         wanted = {"separate_reasoning": False, "include_reasoning": True, "stream_reasoning": True}
         for name, ok in wanted.items():

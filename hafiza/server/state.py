@@ -16,6 +16,7 @@ from hafiza.server.metrics import ServerMetrics
 from hafiza.server.settings import CHARS_PER_CONTEXT_TOKEN, ServerSettings
 
 if TYPE_CHECKING:
+    from hafiza.server.pd import PDWorker
     from hafiza.store.connector import StoreConnector
 
 
@@ -29,6 +30,7 @@ class ServerState:
     metrics: ServerMetrics
     explainer: CacheExplainer
     store: StoreConnector | None = None
+    pd: PDWorker | None = None  # a prefill or decode worker's side of the split (None: --role both)
 
     @classmethod
     def create(cls, aengine: AsyncEngine, settings: ServerSettings,
@@ -52,6 +54,11 @@ class ServerState:
     @property
     def max_model_len(self) -> int:
         return self.aengine.engine.max_model_len
+
+    @property
+    def role(self) -> str:
+        """This worker's part in a prefill/decode split: prefill, decode or both."""
+        return self.pd.role if self.pd is not None else "both"
 
     @property
     def fingerprint(self) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hafiza.cache.formats.native import NativeBlocks, block_nbytes, stack
@@ -52,6 +52,7 @@ FALLBACK_CODEC = "fast"  # what a speculative tier stores a block in when the co
 
 PinTTL = Callable[[int], "float | None"]
 BlockTokens = Callable[[int], "list[int] | None"]
+MustLoad = Callable[[Sequence[str]], "str | None"]
 
 
 @dataclass
@@ -153,6 +154,7 @@ class StoreConnector(KVConnector):
                              kv_dtype=pool.block_dtype)
             self.predictor = BlockPredictor(kv, f"{model_fingerprint}:{kv_dtype}")
         self.gate = gate or ServingGate()
+        self.must_load: MustLoad | None = None  # why a hit's blocks are loaded whatever the cost model says, or None
         self._step_mark = self.gate.marks()
         self.fallback = [FALLBACK_CODEC if c in TOKEN_CODECS and not store.write_back else None
                          for c in self.codecs]
@@ -372,6 +374,10 @@ class StoreConnector(KVConnector):
             self.stats.decisions["miss"] += 1
             return TierHit(reason=f"miss: the speculative codec needs the prefix tokens, {len(token_ids)} given")
         decision = self.store.cost.decide(n * self.block_size, by_tier, decode_s, end if predicted else 0)
+        forced = self.must_load(hashes[:n]) if self.must_load is not None and not decision.load else None
+        if forced:
+            decision = replace(decision, load=True, plan="predict" if predicted else "load",
+                               reason=f"load: {forced} (the cost model alone would have said {decision.reason})")
         self.stats.decisions[decision.plan] += 1
         return StoreHit(tuple(hashes[:n]), tuple(labels), decision.load, decision.reason,
                         tuple(token_ids[:end]), first_block, decision.plan)

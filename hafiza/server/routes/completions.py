@@ -23,11 +23,13 @@ from hafiza.server.extensions import check_extensions
 from hafiza.server.generation import Generation, begin, close_all
 from hafiza.server.logprobs import CompletionLogprobs, TokenNames
 from hafiza.server.offload import off_loop
+from hafiza.server.pd import Handoff
 from hafiza.server.prompt import Conversation, Prompt
 from hafiza.server.routes.openai import usage_json
 from hafiza.server.schemas.completions import CompletionRequest
 from hafiza.server.state import ServerState, server_state
 from hafiza.server.streaming import ClientGone, SSEResponse, sse
+from hafiza.server.tiers import HEADER as TIERS_HEADER
 from hafiza.server.tools.formats import GENERIC
 from hafiza.server.tools.parse import TextPart
 from hafiza.server.tools.reply import ReplyReader
@@ -82,7 +84,7 @@ def _prompts(req: CompletionRequest) -> list[str | list[int]]:
 def _prepare(raw: bytes, state: ServerState) -> tuple[CompletionRequest, list[RawPrompt]]:
     req = validate(CompletionRequest, parse_json(raw))
     state.check_model(req.model)
-    check_extensions(req, state.tokenizer)
+    check_extensions(req, state.tokenizer, state.role)
     if req.suffix:
         raise ApiError(400, "suffix: insertion (fill in the middle) is not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != (req.n or 1):
@@ -126,14 +128,18 @@ async def completions(request: Request, state: ServerState = Depends(server_stat
                          cache_salt=request_partition(request, req.cache_salt))
         reader = lambda: ReplyReader(state.tokenizer, GENERIC, [], ToolChoice("none"))  # noqa: E731
         runs.append(Run(prompt, gen, Choices(params.n, reader)))
-    firsts = await begin([(r.gen, r.choices) for r in runs], bool(req.stream))
+    handoff = Handoff.of(state.pd, req.kv_transfer_params, bool(req.stream), [p.ids for p in prompts],
+                         request_partition(request, req.cache_salt))
+    with handoff.admission():
+        firsts = await begin([(r.gen, r.choices) for r in runs], bool(req.stream))
     if firsts is None:
         return Response(status_code=499)
+    transfer = await handoff.finish(firsts[0])
     for r, first in zip(runs, firsts, strict=True):
         r.usage, r.first = openai_usage(len(r.prompt.ids), first.num_cached_tokens), first
         state.metrics.record_usage(API, r.usage)
     created = int(time.time())
-    headers = {**runs[0].gen.headers("x-request-id"), "x-request-id": rid}
+    headers = handoff.headers({**runs[0].gen.headers("x-request-id"), "x-request-id": rid}, TIERS_HEADER)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -150,9 +156,11 @@ async def completions(request: Request, state: ServerState = Depends(server_stat
             out_choices.append({"index": k * len(r.choices.items) + c.index, "text": text,
                                 "logprobs": lps.json() if lps else None,
                                 "finish_reason": FINISH_REASONS.get(c.finish_reason or "stop", "stop")})
-    return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": req.model,
-                         "system_fingerprint": state.fingerprint, "choices": out_choices,
-                         "usage": _usage(runs)}, headers=headers)
+    body: Json = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
+                  "system_fingerprint": state.fingerprint, "choices": out_choices, "usage": _usage(runs)}
+    if transfer is not None:
+        body["kv_transfer_params"] = transfer
+    return JSONResponse(body, headers=headers)
 
 
 def _usage(runs: list[Run]) -> Json:

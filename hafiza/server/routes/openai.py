@@ -20,11 +20,13 @@ from hafiza.server.errors import ApiError
 from hafiza.server.extensions import check_extensions
 from hafiza.server.generation import Generation, begin
 from hafiza.server.offload import off_loop
+from hafiza.server.pd import Handoff
 from hafiza.server.prompt import Prompt, build_prompt
 from hafiza.server.schemas.openai import ChatCompletionRequest
 from hafiza.server.state import ServerState, server_state
 from hafiza.server.streaming import SSEResponse
 from hafiza.server.structured import pick_grammar, response_format_grammar, tool_grammar
+from hafiza.server.tiers import HEADER as TIERS_HEADER
 from hafiza.server.tools.formats import tool_format
 from hafiza.server.tools.reply import ToolUse
 from hafiza.server.usage import CacheUsage, openai_usage
@@ -70,7 +72,7 @@ def _prepare(raw: bytes, state: ServerState) -> tuple[ChatCompletionRequest, Pro
     check_message_count(body, state.settings.max_messages)
     req = validate(ChatCompletionRequest, body)
     state.check_model(req.model)
-    check_extensions(req, state.tokenizer)
+    check_extensions(req, state.tokenizer, state.role)
     tools, choice = openai_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     tool_use = ToolUse(tool_format(state.tokenizer), tools, choice)
     conv = openai_conversation(req.messages, tools, tool_use.fmt, choice, bool(req.continue_final_message))
@@ -84,19 +86,26 @@ async def chat_completions(request: Request, state: ServerState = Depends(server
     raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
     req, prompt, tool_use = await off_loop(_prepare, raw, state)
     params = sampling_params(req, len(prompt.ids), state, tool_use)
+    salt = request_partition(request, req.cache_salt)
     gen = Generation(state, API, request, prompt, params, f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                     cache_salt=request_partition(request, req.cache_salt), fields=FIELDS)
+                     cache_salt=salt, fields=FIELDS)
     choices = Choices(params.n, lambda: tool_use.reader(state.tokenizer))
-    started = await begin([(gen, choices)], bool(req.stream))
+    handoff = Handoff.of(state.pd, req.kv_transfer_params, bool(req.stream), [prompt.ids], salt)
+    with handoff.admission():
+        started = await begin([(gen, choices)], bool(req.stream))
     if started is None:
         return Response(status_code=499)
     (first,) = started
+    transfer = await handoff.finish(first)
+    headers = handoff.headers(gen.headers(ID_HEADER), TIERS_HEADER)
     created = int(time.time())
     usage = openai_usage(len(prompt.ids), first.num_cached_tokens)
     state.metrics.record_usage(API, usage)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return SSEResponse(chat_chunks(gen, choices, req, created, lambda n: usage_json(usage, n), include_usage,
-                                       state), headers=gen.headers(ID_HEADER), on_close=gen.close)
+                                       state), headers=headers, on_close=gen.close)
     body_out = chat_body(gen, choices, req, created, usage_json(usage, choices.output_tokens), state)
-    return JSONResponse(body_out, headers=gen.headers(ID_HEADER))
+    if transfer is not None:
+        body_out["kv_transfer_params"] = transfer
+    return JSONResponse(body_out, headers=headers)

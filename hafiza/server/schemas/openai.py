@@ -130,7 +130,8 @@ class VllmFields(BaseModel):
     """vLLM's (and SGLang's) request extensions that vllm-router adds to chat and completions bodies. Honoured:
     `ignore_eos`, `min_tokens`, `skip_special_tokens`, `no_stop_trim` (SGLang's name for vLLM's
     include_stop_str_in_output). Accepted only at the values that ask for nothing: `return_hidden_states`
-    (false) and `kv_transfer_params` (null: no prefill/decode split here)."""
+    (false). `kv_transfer_params` is null except on a `--role prefill` or `--role decode` worker (see
+    hafiza/server/pd.py)."""
 
     ignore_eos: bool | None = None
     min_tokens: int | None = Field(default=None, ge=0)
