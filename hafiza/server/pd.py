@@ -3,8 +3,8 @@
 
 The router sends a request first to a prefill worker, with `max_tokens: 1` and `kv_transfer_params:
 {"do_remote_decode": true, ...}`. That worker computes the prompt, waits until every full block of it is written
-through to Redis (`flush`, whatever codec each tier has), checks which leading blocks Redis now holds, and names
-them in its response's top-level `kv_transfer_params`:
+through to Redis (whatever codec each tier has: it polls Redis until the store's writer has written them, or has
+nothing left to write), and names the leading blocks Redis holds in its response's top-level `kv_transfer_params`:
 `{"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": ..., "remote_block_ids": null,
 "remote_host": null, "remote_port": null, "hafiza_blocks": N, "hafiza_hashes_tail": <block N's hash>}`.
 The router passes that object unchanged to the decode worker with the original request. The decode worker checks
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -149,21 +150,36 @@ class PDWorker:
                 self._expected.subtract(hashes)
                 self._expected += Counter()  # drop the zero counts
 
-    def _in_redis(self, block_hash: str) -> bool:
+    def _leading_in_redis(self, hashes: Sequence[str]) -> int:
+        """How many leading `hashes` the Redis tier holds, in its codec or its fallback codec (two round trips)."""
         tier, j = self.connector.store.tiers[self.tier], self.tier
-        keys = [self.connector.key(block_hash, j), self.connector._fallback_key(j, block_hash)]
-        return any(k is not None and tier.contains(k) for k in keys)
+        found = tier.contains_many([self.connector.key(h, j) for h in hashes])
+        alt = [self.connector._fallback_key(j, h) for h in hashes]
+        if not all(found) and all(k is not None for k in alt):
+            found = [a or b for a, b in zip(found, tier.contains_many([k for k in alt if k is not None]),
+                                            strict=True)]
+        return next((i for i, hit in enumerate(found) if not hit), len(hashes))
 
     def _stored(self, hashes: Sequence[str]) -> tuple[int, bool]:
-        """Worker thread: flush the write queue, then how many leading `hashes` Redis holds, and whether the flush
-        finished in time."""
-        flushed = self.connector.flush(FLUSH_TIMEOUT_S)
-        n = 0
-        for h in hashes:
-            if not self._in_redis(h):
-                break
-            n += 1
-        return n, bool(flushed)
+        """Worker thread: wait until this prompt's blocks are in Redis, or the write queue has nothing left that
+        could bring them; how many leading `hashes` Redis holds, and whether that was settled in time. Only this
+        request's blocks are waited for (the queue is polled, not drained), except under write-back, where the
+        blocks sit in RAM until a flush writes every dirty entry down."""
+        store = self.connector.store
+        if store.write_back:
+            flushed = self.connector.flush(FLUSH_TIMEOUT_S)
+            return self._leading_in_redis(hashes), bool(flushed)
+        deadline, delay = time.monotonic() + FLUSH_TIMEOUT_S, 0.002
+        while True:
+            n = self._leading_in_redis(hashes)
+            if n == len(hashes):
+                return n, True
+            if store.flush(0.0):  # nothing pending: no write still to come can add a block
+                return self._leading_in_redis(hashes), True
+            if time.monotonic() >= deadline:
+                return n, False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     async def prefilled(self, ids: Sequence[int], cache_salt: str | None) -> dict[str, Any]:
         """The prefill response's kv_transfer_params: the leading full blocks of the prompt now in Redis."""
@@ -174,7 +190,7 @@ class PDWorker:
                                "remote_port": None, "hafiza_blocks": n,
                                "hafiza_hashes_tail": hashes[n - 1] if n else None, "hafiza_prompt_blocks": len(hashes)}
         if n < len(hashes):
-            why = "the write queue did not drain in time" if not flushed else "saves were dropped or expired"
+            why = f"not written within {FLUSH_TIMEOUT_S:g} s" if not flushed else "saves were dropped or expired"
             out["hafiza_note"] = f"only {n} of the prompt's {len(hashes)} full blocks are in Redis ({why})"
         return out
 
