@@ -325,7 +325,7 @@ def print_table(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 160)
     t = Table(title=f"Speculative decoding, greedy, {data['model']} (decode tok/s, medians)")
     for c in COLUMNS:
         t.add_column(c, justify="left" if c in ("workload", "system", "method") else "right")
@@ -333,7 +333,7 @@ def print_table(data: dict[str, Any]) -> None:
         t.add_row(*r)
     console.print(t)
     if data["llama_cpp"] != "measured":
-        console.print(f"llama.cpp not measured: {data['llama_cpp']}")
+        console.print(f"llama.cpp not measured: {data['llama_cpp']}", markup=False)
 
 
 def register(bench_app: typer.Typer) -> None:
