@@ -1,7 +1,8 @@
 """KVConnector: how the engine reaches KV tiers below its working pool (host RAM, disk, Redis).
 
 The engine calls `save` once for every block that becomes full (write-through, so another instance can hit it
-at once). On admission it asks `lookup` which blocks past its own prefix a tier can supply (a `TierHit`), and
+at once), with all the tiers need to know of it (`SavedBlock`), so the connector reads nothing of the engine's.
+On admission it asks `lookup` which blocks past its own prefix a tier can supply (a `TierHit`), and
 hands that same `TierHit` to `load` with freshly allocated blocks; `load` says what arrived (a `TierLoad`). The
 two calls are paired by that value, not by state kept in the connector. Implementations keep the engine
 thread's share of the work small (copy the block out, queue the rest) and never raise into the engine: a failed
@@ -13,6 +14,23 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SavedBlock:
+    """A block that just became full and cached in the pool: its hash and pool block, the request's tokens
+    (`token_ids[:end]` run from the prompt's start to this block's end; a predictor reruns them; read them during
+    `save`, they keep growing), and the TTL of the API cache breakpoint covering it (None: not pinned)."""
+
+    block_hash: str
+    block_id: int
+    token_ids: Sequence[int]
+    end: int
+    pin_ttl_s: float | None = None
+
+    def tokens(self) -> list[int] | None:
+        """The tokens up to this block's end (None if the request no longer holds them all)."""
+        return list(self.token_ids[: self.end]) if len(self.token_ids) >= self.end else None
 
 
 @dataclass(frozen=True)
@@ -76,8 +94,8 @@ class KVConnector(ABC):
     """The engine's side of the tiered store. Called only from the engine thread."""
 
     @abstractmethod
-    def save(self, block_hash: str, block_id: int) -> None:
-        """A block just became full and cached in the pool under `block_hash`: write it down the tiers."""
+    def save(self, block: SavedBlock) -> None:
+        """A block just became full and cached in the pool: write it down the tiers."""
 
     @abstractmethod
     def lookup(self, hashes: Sequence[str], token_ids: Sequence[int] = (), first_block: int = 0) -> TierHit:

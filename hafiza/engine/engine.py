@@ -19,7 +19,7 @@ from hafiza.cache.memory import kv_memory_bytes
 from hafiza.cache.pool import blocks_that_fit, bytes_per_block, fixed_bytes, layout_for, make_kv_pool, with_blocks
 from hafiza.device import dtype_name
 from hafiza.engine.checks import RequestLimits, check_request
-from hafiza.engine.connector import KVConnector
+from hafiza.engine.connector import KVConnector, SavedBlock
 from hafiza.engine.determinism import determinism_header, nondeterminism_reasons
 from hafiza.engine.output import token_logprobs
 from hafiza.engine.output_processor import OutputProcessor
@@ -409,11 +409,14 @@ class LLMEngine:
         if self.cache.evicted(seq.request_id):
             self.cache.register_full(seq.request_id, [], seq.token_ids, full, seq.partition)
             return
-        if full > self.cache.num_registered(seq.request_id):
+        start = self.cache.num_registered(seq.request_id)
+        if full > start:
             saved = self.cache.register_full(seq.request_id, seq.hashes(bs), seq.token_ids, full, seq.partition)
             if self.connector is not None:
-                for block_hash, block_id in saved:
-                    self.connector.save(block_hash, block_id)
+                for b, (block_hash, block_id) in enumerate(saved, start):
+                    ttls = [p.ttl_s for p in seq.pins if b < min(p.num_tokens, seq.num_prompt_tokens) // bs]
+                    self.connector.save(SavedBlock(block_hash, block_id, seq.token_ids, (b + 1) * bs,
+                                                   max(ttls, default=None)))
         for pin in seq.pins:
             covered = min(pin.num_tokens, seq.num_prompt_tokens) // bs
             if covered and full >= covered and seq.pinned_tokens < covered * bs:

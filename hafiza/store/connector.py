@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from hafiza.cache.formats.native import NativeBlocks, block_nbytes, stack
 from hafiza.codec.coders.fast import warm_up
 from hafiza.codec.errors import PredictionMismatchError
-from hafiza.engine.connector import KVConnector, TierHit, TierLoad
+from hafiza.engine.connector import KVConnector, SavedBlock, TierHit, TierLoad
 from hafiza.errors import ConfigError
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, TOKEN_CODECS, check_codec
 from hafiza.store.gate import ServingGate
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 
 FALLBACK_CODEC = "fast"  # what a speculative tier stores a block in when the cost model would not load it predicted
 
-PinTTL = Callable[[int], "float | None"]
-BlockTokens = Callable[[int], "list[int] | None"]
 MustLoad = Callable[[Sequence[str]], "str | None"]
 
 
@@ -111,15 +109,12 @@ class StoreConnector(KVConnector):
         codec: str = DEFAULT_STORE_CODEC,
         tier_codecs: dict[str, str] | None = None,
         default_ttl_s: float | None = DEFAULT_TTL_S,
-        pin_ttl: PinTTL | None = None,
-        block_tokens: BlockTokens | None = None,
         target: LlamaModel | None = None,
         gate: ServingGate | None = None,
     ) -> None:
         """Blocks are stored in the pool's native form (`pool.native_spec()`); `codec` is every tier's codec unless
-        `tier_codecs` names another for a tier (by tier name). `pin_ttl(block_id)` gives the TTL of a block under
-        an API cache breakpoint (None when unpinned); `block_tokens(block_id)` the prompt tokens up to the end of
-        a running block, and `target` the model whose cheaper rerun predicts K/V (both needed by `speculative`).
+        `tier_codecs` names another for a tier (by tier name). `target` is the model whose cheaper rerun predicts K/V
+        (needed by `speculative`; a saved block brings its own tokens and pin).
         `gate` (the engine's busy/idle state) keeps speculative encodes off the serving path."""
         self.store, self.pool = store, pool
         self.codec = check_codec(codec)
@@ -143,12 +138,10 @@ class StoreConnector(KVConnector):
         self.spec = pool.native_spec()
         self.raw_block_bytes = block_nbytes(self.spec, self.num_layers)
         self.default_ttl_s = default_ttl_s
-        self.pin_ttl = pin_ttl
-        self.block_tokens = block_tokens
         self.predictor: BlockPredictor | None = None
         if TOKEN_CODECS & set(self.codecs):
-            if target is None or block_tokens is None:
-                raise ConfigError("the speculative codec needs the model and the blocks' tokens (use for_engine)",
+            if target is None:
+                raise ConfigError("the speculative codec needs the model that predicts K/V (use for_engine)",
                                   setting="store_codec")
             kv = BlockwiseKV(target, self.block_size, on_run=self._observe_predict,
                              kv_dtype=pool.block_dtype)
@@ -183,8 +176,7 @@ class StoreConnector(KVConnector):
             f"says {block_size}"
         return cls(
             store, engine.kv, model_fingerprint=model_fp, kv_dtype=kv_dtype,
-            codec=codec, tier_codecs=tier_codecs, default_ttl_s=default_ttl_s, pin_ttl=engine_pin_ttl(engine),
-            block_tokens=engine_block_tokens(engine), target=engine.runner.model,
+            codec=codec, tier_codecs=tier_codecs, default_ttl_s=default_ttl_s, target=engine.runner.model,
             gate=ServingGate(idle_check=lambda: not engine.has_unfinished()),
         )  # fmt: skip
 
@@ -216,14 +208,15 @@ class StoreConnector(KVConnector):
 
     # -- save: the engine thread copies; the store's pipeline encodes per tier codec and writes -------------
 
-    def save(self, block_hash: str, block_id: int) -> None:
+    def save(self, saved: SavedBlock) -> None:
         """Copy the block out and queue it (dropped, and counted, when the pipeline is too far behind)."""
         if self._closed:
             return
         self.stats.saves += 1
+        block_hash, block_id = saved.block_hash, saved.block_id
         try:
             block = self.pool.read_native([block_id])
-            tokens = self.block_tokens(block_id) if self.predictor is not None and self.block_tokens else None
+            tokens = saved.tokens() if self.predictor is not None else None
             if tokens and self.predictor is not None:
                 self.predictor.kv.hint(tokens)  # the writer's first encode then runs every block saved so far at once
         except Exception:
@@ -231,15 +224,14 @@ class StoreConnector(KVConnector):
                             block_id, exc_info=True)  # fmt: skip
             return
         nbytes = block.nbytes
-        if not self.store.put_async(block_hash, self._encoder(block_hash, block, tokens), self._ttl(block_id),
+        if not self.store.put_async(block_hash, self._encoder(block_hash, block, tokens), self._ttl(saved.pin_ttl_s),
                                     raw_nbytes=nbytes):
             self.stats.saves_dropped += 1
 
-    def _ttl(self, block_id: int) -> float | None:
+    def _ttl(self, pinned: float | None) -> float | None:
         """The pin's TTL for a block under a cache breakpoint (never below the default), else the default."""
         if self.default_ttl_s is None:
             return None
-        pinned = self.pin_ttl(block_id) if self.pin_ttl is not None else None
         return max(self.default_ttl_s, pinned or 0.0)
 
     def _encoder(self, block_hash: str, block: NativeBlocks, tokens: list[int] | None, skip_present: bool = True
@@ -478,34 +470,3 @@ class StoreConnector(KVConnector):
         self._closed = True
         self.gate.close()
         self.store.close(timeout_s)
-
-
-def engine_pin_ttl(engine: LLMEngine) -> PinTTL:
-    """TTL of the cache breakpoint covering a block of a running request (engine thread only), else None."""
-
-    def ttl(block_id: int) -> float | None:
-        best = None
-        bs = engine.layout.block_size
-        for seq in engine.scheduler.running:
-            for pin in seq.pins:
-                covered = min(pin.num_tokens, seq.num_prompt_tokens) // bs
-                if block_id in engine.cache.blocks(seq.request_id).block_ids[:covered]:
-                    best = max(best or 0.0, pin.ttl_s)
-        return best
-
-    return ttl
-
-
-def engine_block_tokens(engine: LLMEngine) -> BlockTokens:
-    """The prompt tokens up to the end of a running sequence's block (engine thread only), else None."""
-
-    def tokens(block_id: int) -> list[int] | None:
-        bs = engine.layout.block_size
-        for seq in engine.scheduler.running:
-            table = engine.cache.blocks(seq.request_id).block_ids
-            if block_id in table:
-                end = (table.index(block_id) + 1) * bs
-                return list(seq.token_ids[:end]) if len(seq.token_ids) >= end else None
-        return None
-
-    return tokens
