@@ -11,9 +11,19 @@ load just means recompute.
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+
+class TierDecision(enum.StrEnum):
+    """The tiers' answer for an admission (the `decision` of `x-hafiza-tiers`)."""
+
+    LOAD = "load"  # loading the blocks beats recomputing them
+    RECOMPUTE = "recompute"  # the tiers hold blocks, recomputing them is faster
+    MISS = "miss"  # the tiers hold none of the next blocks
+    NONE = "none"  # the tiers were not asked
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,9 @@ class TierHit:
         return len(self.hashes)
 
     @property
-    def decision(self) -> str:
-        """"load", "recompute" (the tiers hold blocks, recomputing them is faster) or "miss" (they hold none)."""
-        return "load" if self.load else "recompute" if self.hashes else "miss"
+    def decision(self) -> TierDecision:
+        """Load, recompute (the tiers hold blocks, recomputing them is faster) or miss (they hold none)."""
+        return TierDecision.LOAD if self.load else TierDecision.RECOMPUTE if self.hashes else TierDecision.MISS
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ class TierOutcome:
     the next blocks) or "none" (they were not asked). `reason` is the cost model's explanation, or for "none" why
     the tiers were not asked."""
 
-    decision: str = "none"
+    decision: TierDecision = TierDecision.NONE
     reason: str = ""
     pool_tokens: int = 0
     loaded_blocks: int = 0

@@ -22,7 +22,7 @@ from hafiza.cache.block_manager import Allocation, PrefixMatch
 from hafiza.cache.errors import EvictionError
 from hafiza.cache.hashing import BlockHash
 from hafiza.cache.kv_cache_manager import KVBlocks, KVCacheManager
-from hafiza.engine.connector import KVConnector, TierHit, TierLoad, TierOutcome
+from hafiza.engine.connector import KVConnector, TierDecision, TierHit, TierLoad, TierOutcome
 from hafiza.engine.sequence import Sequence, Status
 
 Proposer = Callable[[Sequence, int], list[int]]  # (decoding sequence, most tokens) -> tokens drafted past it
@@ -256,7 +256,7 @@ class Scheduler:
         """What this admission got from the pool and the tiers, in tokens."""
         bs = self.blocks.block_size
         if tiers.hit is None:
-            return TierOutcome("none", tiers.skipped, pool_tokens=pool_blocks * bs)
+            return TierOutcome(TierDecision.NONE, tiers.skipped, pool_tokens=pool_blocks * bs)
         per_tier: dict[str, int] = {}
         for source in loaded.sources:
             per_tier[source] = per_tier.get(source, 0) + bs
