@@ -187,7 +187,8 @@ class LlamaSystem:
 
             draft = _Drafter(draft)
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                                   n_threads_batch=threads, verbose=False, draft_model=draft)
+                                   n_threads_batch=threads, verbose=False, draft_model=draft,
+                                   logits_all=draft is not None)
         self.eos = set(eos)
 
     def generate(self, ids: list[int], max_tokens: int) -> Run:
