@@ -3,6 +3,7 @@ budget buys in each format. Every size comes from the format itself (`payload_by
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -119,6 +120,13 @@ def blocks_that_fit(kv_memory_bytes: int, layout: KVLayout, max_seqs: int = 1, w
     """Whole blocks of this layout's format that fit in `kv_memory_bytes` (layout.num_blocks is ignored)."""
     room = kv_memory_bytes - fixed_bytes(layout, max_seqs, window_blocks)
     return max(0, int(room // (bytes_per_token(layout) * layout.block_size)))
+
+
+def bytes_for_tokens(layout: KVLayout, tokens: int, max_seqs: int = 1, window_blocks: int = 2) -> int:
+    """KV memory that holds `tokens` tokens in whole blocks of this layout's format (`blocks_that_fit` inverted)."""
+    blocks = -(-tokens // layout.block_size)
+    stored = math.ceil(bytes_per_token(layout) * layout.block_size * blocks)
+    return fixed_bytes(layout, max_seqs, window_blocks) + stored
 
 
 def tokens_that_fit(kv_memory_bytes: int, layout: KVLayout, max_seqs: int = 1, window_blocks: int = 2) -> int:

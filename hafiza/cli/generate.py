@@ -43,6 +43,7 @@ def generate(
 ) -> None:
     """Generate text from PROMPT, streaming it as it is produced."""
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
+    from hafiza.engine.engine import kv_memory_for_tokens
     from hafiza.models import load_model
 
     speculative = speculative_config(speculative_method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
@@ -50,9 +51,14 @@ def generate(
     t0 = time.perf_counter()
     lm = load_model(model, dtype=dtype, device=device, weights=weights)
     load_s = time.perf_counter() - t0
-    engine = LLMEngine(lm, EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens,
-                                       speculative=speculative))
     text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    config = EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens,
+                          speculative=speculative, max_num_seqs=1)
+    drafted = speculative.num_speculative_tokens if speculative is not None else 0
+    tokens = len(lm.tokenizer.encode(text)) + max_tokens + drafted  # the pool holds this one request, no more
+    if kv_budget_tokens is None:
+        config.kv_memory = kv_memory_for_tokens(lm, config, tokens)
+    engine = LLMEngine(lm, config)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             stop=list(stop or []))
     start = time.perf_counter()

@@ -16,7 +16,15 @@ from hafiza.cache.eviction import AttentionScores, make_policy
 from hafiza.cache.kv_cache_manager import KVCacheManager
 from hafiza.cache.layout import FULL_DTYPES
 from hafiza.cache.memory import kv_memory_bytes
-from hafiza.cache.pool import blocks_that_fit, bytes_per_block, fixed_bytes, layout_for, make_kv_pool, with_blocks
+from hafiza.cache.pool import (
+    blocks_that_fit,
+    bytes_for_tokens,
+    bytes_per_block,
+    fixed_bytes,
+    layout_for,
+    make_kv_pool,
+    with_blocks,
+)
 from hafiza.device import dtype_name
 from hafiza.engine.checks import RequestLimits, check_request
 from hafiza.engine.connector import KVConnector, SavedBlock
@@ -51,6 +59,14 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> str:
     if name == "model":
         return dtype_name(model_dtype)
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name)
+
+
+def kv_memory_for_tokens(model: LoadedModel, config: EngineConfig, tokens: int) -> int:
+    """Bytes of KV memory that hold `tokens` tokens for this model and config: a pool sized to one request, as
+    llama.cpp sizes its context (`hafiza generate`)."""
+    probe = layout_for(model.config, 1, config.block_size, resolve_kv_dtype(config.kv_dtype, model.dtype),
+                       model.dtype)
+    return bytes_for_tokens(probe, tokens, max_seqs=config.max_num_seqs)
 
 
 @dataclass
