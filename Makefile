@@ -32,9 +32,13 @@ generate: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# Two pytest workers, one torch thread each (two cores: one busy worker each, no thread waiting for a core the
+# other holds); a file's tests stay on one worker, files with `slow` tests start first (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q --hypothesis-profile=ci
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --hypothesis-profile=ci
 
 # A quick local pass, not a substitute for `make test`: a tenth of the hypothesis examples, no `slow` tests.
 test-dev: setup

