@@ -95,6 +95,10 @@ class Monitor:
             "counters": {"preemptions": s.num_preemptions, "evictions": b.evictions,
                          "pinned_evictions": b.pinned_evictions, "prompt_tokens": s.prompt_tokens,
                          "generation_tokens": s.generation_tokens},
+            "speculative": None if s.spec is None else {
+                "drafts": s.spec.num_drafts, "draft_tokens": s.spec.num_draft_tokens,
+                "accepted_tokens": s.spec.num_accepted_tokens, "acceptance_rate": s.spec.acceptance_rate,
+                "accepted_per_position": s.spec.accepted_per_position},
             "rates": self.rates.snapshot(),
             **self.prefixes.snapshot(limit),
         }

@@ -21,6 +21,7 @@ import pytest
 
 from hafiza.engine import EngineConfig, LLMEngine
 from hafiza.engine.async_engine import AsyncEngine
+from hafiza.engine.speculative import SpeculativeConfig
 from hafiza.models import LoadedModel
 from hafiza.server import ServerSettings, create_app
 from hafiza.server.launch import ServerThread, served_name
@@ -39,7 +40,8 @@ class Site:
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = served_name(model)
-        engine = LLMEngine(model, EngineConfig(kv_memory="48MiB"))
+        spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+        engine = LLMEngine(model, EngineConfig(kv_memory="48MiB", speculative=spec))
         self.connector = connect_store(engine, StoreOptions(ram="32MiB"))
         self.aengine = AsyncEngine(engine)
         open_app = create_app(self.aengine, ServerSettings(model_name=self.model, min_cache_tokens=32))
@@ -130,6 +132,8 @@ def test_dashboard_charts_move_and_drop_evicts_a_prefix(site: Site, browser, tmp
     load.join()
     assert int(page.eval_on_selector("#chart-usage", "c => c.dataset.points")) > points
     assert page.locator("#tile-hit").text_content() != "–"
+    page.wait_for_function("() => document.querySelector('#tile-spec').textContent.endsWith('%')", timeout=30_000)
+    assert "drafted tokens accepted" in page.locator("#tile-spec-note").text_content()
 
     tag = f"drop-{uuid.uuid4().hex[:8]}"
     system = notes(tag)
@@ -176,6 +180,15 @@ def test_keyed_dashboard_asks_for_the_key(site: Site, browser) -> None:
     unexpected = [m for m in messages if m[0] == "pageerror" or (m[0] == "error" and "401" not in m[1])]
     assert not unexpected, unexpected
     page.close()
+
+
+def test_state_counts_drafted_and_accepted_tokens(site: Site) -> None:
+    """The engine speculates by prompt lookup: the state carries its counters, which the acceptance tile shows."""
+    site.ask(notes("spec", 40), "Repeat the notes above word for word.", 24)
+    spec = httpx.get(f"{site.open.url}/dashboard/state").json()["speculative"]
+    assert spec["draft_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["draft_tokens"]
+    assert spec["acceptance_rate"] == spec["accepted_tokens"] / spec["draft_tokens"]
+    assert sum(spec["accepted_per_position"]) == spec["accepted_tokens"]
 
 
 def test_state_needs_a_key_and_actions_the_admin_key(site: Site) -> None:

@@ -211,6 +211,10 @@ function update(s) {
   setText("tile-reqs-note", `${fmt.int(s.requests.finished)} finished`);
   setText("tile-preempt", fmt.int(s.counters.preemptions));
   setText("tile-preempt-note", `${fmt.int(s.counters.evictions)} evictions, ${fmt.int(s.counters.pinned_evictions)} pinned`);
+  const spec = s.speculative;
+  setText("tile-spec", spec ? fmt.pct(spec.draft_tokens ? spec.acceptance_rate : null) : "off");
+  setText("tile-spec-note", spec ? `${fmt.int(spec.accepted_tokens)} of ${fmt.int(spec.draft_tokens)} drafted tokens accepted`
+    : "speculative decoding is off");
   setText("tile-ratio", fmt.ratio(s.store.compression_ratio));
   setText("tile-ratio-note", s.store.tiers.length ? `tiers: ${s.store.tiers.map((t) => t.name).join(" → ")}` : "no store tiers");
 
