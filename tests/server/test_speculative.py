@@ -1,5 +1,6 @@
 """Speculative decoding through the server with the official clients: at temperature 0 a speculating server gives
-the same text and usage as a plain one, streamed or not; `"speculative": false` drafts nothing; /metrics counts
+the same text and usage as a plain one, streamed or not, on chat, completions, messages and responses;
+`"speculative": false` drafts nothing; /metrics counts
 drafts; a rendered request refuses the opt-out it cannot carry."""
 
 from __future__ import annotations
@@ -100,6 +101,18 @@ def test_anthropic_opt_out_and_same_text(server: Server, spec_server: Server) ->
         if opt_out:
             assert accepted(spec_server) == before
     assert texts[0] == texts[1] == texts[2]
+
+
+def test_responses_same_text_and_opt_out(server: Server, spec_server: Server) -> None:
+    plain, spec = clients(server, spec_server)
+    want = plain.responses.create(model=server.model, input=ECHO, max_output_tokens=32, temperature=0)
+    got = spec.responses.create(model=server.model, input=ECHO, max_output_tokens=32, temperature=0)
+    assert got.output_text == want.output_text and got.usage.output_tokens == want.usage.output_tokens
+    before = accepted(spec_server)
+    out = spec.responses.create(model=server.model, input=ECHO, max_output_tokens=32, temperature=0,
+                                extra_body={"speculative": False})
+    assert out.output_text == want.output_text
+    assert accepted(spec_server) == before
 
 
 def test_metrics_count_drafts(spec_server: Server) -> None:
