@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from hafiza.bench.common import machine, write_json
+from hafiza.bench.common import machine, nearest_rank, write_json
 from hafiza.bench.markdown import Region, replace_region, table
 from hafiza.cluster import Cluster, Layout
 
@@ -170,11 +170,6 @@ def run_setup(cfg: Config, workers: int, policy: str, log_dir: Path) -> tuple[li
     return turns, wall, [a - b for a, b in zip(after, before, strict=True)]
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def summarize(policy: str, turns: list[Turn], wall: float, per_worker: list[int], reference: list[Turn] | None
               ) -> dict[str, Any]:
     """One `results` entry: hit rates over prompt tokens, TTFT, throughput, spread, and equality with `reference`."""
@@ -189,7 +184,7 @@ def summarize(policy: str, turns: list[Turn], wall: float, per_worker: list[int]
         "pool_hit_rate": sum(t.pool_tokens for t in turns) / prompt,
         "redis_hit_rate": sum(t.redis_tokens for t in turns) / prompt,
         "mean_ttft_s": statistics.fmean(ttfts),
-        "p99_ttft_s": _percentile(ttfts, 0.99),
+        "p99_ttft_s": nearest_rank(ttfts, 0.99),
         "tok_s": sum(t.output_tokens for t in turns) / wall,
         "wall_s": wall,
         "requests_per_worker": per_worker,

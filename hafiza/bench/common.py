@@ -39,6 +39,12 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def nearest_rank(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) as the nearest order statistic (no interpolation)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
 def write_json(data: dict[str, Any], path: str | Path | None, default_name: str) -> Path:
     """Write `data` (plus machine info and a timestamp) to `path` or bench/results/<default_name>."""
     out = Path(path) if path else RESULTS_DIR / default_name

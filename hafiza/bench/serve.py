@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from hafiza.bench.common import machine, wait_http, write_json
+from hafiza.bench.common import machine, nearest_rank, wait_http, write_json
 from hafiza.options import Weights
 
 WORDS = ["cache", "memory", "block", "prefix", "token", "engine", "attention", "layer", "value", "key", "model",
@@ -59,11 +59,6 @@ class Config:
 
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 async def _anthropic_turn(client: httpx.AsyncClient, model: str, system: str, messages: list[dict],
@@ -181,8 +176,8 @@ def summarize(turns: list[Turn], wall: float) -> dict[str, Any]:
     return {
         "requests": len(turns),
         "wall_s": wall,
-        "ttft_p50_s": _percentile(ttfts, 0.5),
-        "ttft_p99_s": _percentile(ttfts, 0.99),
+        "ttft_p50_s": nearest_rank(ttfts, 0.5),
+        "ttft_p99_s": nearest_rank(ttfts, 0.99),
         "ttft_mean_s": statistics.fmean(ttfts),
         "output_tokens": output,
         "aggregate_tok_s": output / wall,
