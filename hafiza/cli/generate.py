@@ -55,14 +55,15 @@ def generate(
     config = EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens,
                           speculative=speculative, max_num_seqs=1)
     drafted = speculative.num_speculative_tokens if speculative is not None else 0
-    tokens = len(lm.tokenizer.encode(text)) + max_tokens + drafted  # the pool holds this one request, no more
+    ids = lm.tokenizer.encode(text)
+    tokens = len(ids) + max_tokens + drafted  # the pool holds this one request, no more
     if kv_budget_tokens is None:
         config.kv_memory = kv_memory_for_tokens(lm, config, tokens)
     engine = LLMEngine(lm, config)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             stop=list(stop or []))
     start = time.perf_counter()
-    engine.add_request(text, params)
+    engine.add_request(ids, params)
     first: float | None = None
     n = 0
     while engine.has_unfinished():

@@ -92,7 +92,6 @@ class Scheduler:
         recent window, heavy hitters are kept), so prefill chunks are capped to fit in that budget."""
         self.config, self.cache, self.blocks = config, cache, cache.pool
         eviction, budget_blocks = cache.eviction, cache.budget_blocks
-        self.budget_blocks = budget_blocks
         self.max_chunk = config.max_num_batched_tokens
         if eviction is not None and budget_blocks is not None:
             sinks = -(-getattr(eviction, "sink_tokens", 0) // cache.block_size)
@@ -222,7 +221,8 @@ class Scheduler:
         """Step 1: the pool's cached prefix, at most half an eviction budget (leaving room to grow within it)."""
         if self._uncached_because(seq):
             return PrefixMatch()
-        cap = self.budget_blocks // 2 if self.budget_blocks is not None else None
+        budget = self.cache.budget_blocks
+        cap = budget // 2 if budget is not None else None
         return self.blocks.match_prefix(seq.token_ids, hashes, max_blocks=cap)
 
     def _match_tiers(self, seq: Sequence, hashes: list[BlockHash], pool: PrefixMatch) -> TierMatch:
@@ -231,7 +231,7 @@ class Scheduler:
         skipped = (self._uncached_because(seq)
                    or ("no tiers are attached" if self.connector is None else "")
                    or ("an eviction budget is set: blocks are not loaded from the tiers"
-                       if self.budget_blocks is not None else "")
+                       if self.cache.budget_blocks is not None else "")
                    or ("the pool holds every reusable block" if pool.num_blocks >= limit else ""))
         if skipped or self.connector is None:
             return TierMatch(skipped=skipped)
