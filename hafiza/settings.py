@@ -72,5 +72,11 @@ CPU_KERNEL: Setting[str] = Setting(
     "file's own blocks; needs ggml-python, which `make setup` builds), `torch` (torch's packed int4/int8 kernels) "
     "or `auto` (torch's, for now: docs/WEIGHTS.md says why).")
 
+GATE_DIR: Setting[str] = Setting(
+    "HAFIZA_GATE_DIR", "", str,
+    "Directory of the host-wide serving gate, through which every hafiza instance on the host keeps its "
+    "speculative encodes out of the others' requests, or `off` (also `0`, `no`, `false`) for a per-process gate; "
+    "unset: `/dev/shm/hafiza-gate-<uid>`, else `$XDG_RUNTIME_DIR/hafiza-gate`, else the temp directory.")
+
 ALL: tuple[Setting, ...] = (ADAPTIVE_THREADS, WEIGHTS_CACHE, LLAMA_SERVER, API_KEY, ADMIN_KEY, OMP_DEFAULTS,
-                            CPU_KERNEL)
+                            CPU_KERNEL, GATE_DIR)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,9 @@ from tests.support.models import make_tiny_model_dir
 from tests.support.redis_server import RedisServer, redis_available
 
 register_profiles()  # hypothesis's `ci` (default) and `dev` profiles: tests/support/examples.py
+# Each pytest worker is its own host for the serving gate: the other worker's engines never hold this one's
+# speculative encodes back (servers a test starts inherit it). tests/store/test_host_gate.py tests the gate itself.
+os.environ["HAFIZA_GATE_DIR"] = tempfile.mkdtemp(prefix="hafiza-gate-")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -35,6 +35,7 @@ from hafiza.engine.connector import KVConnector, SavedBlock, TierHit, TierLoad
 from hafiza.errors import ConfigError
 from hafiza.store.codecs import DEFAULT_STORE_CODEC, TOKEN_CODECS, check_codec
 from hafiza.store.gate import ServingGate
+from hafiza.store.host_gate import host_gate
 from hafiza.store.keys import block_key
 from hafiza.store.logs import store_log
 from hafiza.store.native import check_predictable, decode_native, encode_native
@@ -177,7 +178,7 @@ class StoreConnector(KVConnector):
         return cls(
             store, engine.kv, model_fingerprint=model_fp, kv_dtype=kv_dtype,
             codec=codec, tier_codecs=tier_codecs, default_ttl_s=default_ttl_s, target=engine.runner.model,
-            gate=ServingGate(idle_check=lambda: not engine.has_unfinished()),
+            gate=ServingGate(idle_check=lambda: not engine.has_unfinished(), host=host_gate()),
         )  # fmt: skip
 
     def _tier_key(self, j: int, block_hash: str) -> str:

@@ -5,6 +5,9 @@ left to run); the store's writer calls `wait_idle()` before each slice of costly
 and brackets it with `encoding()`. An encode therefore never starts while a request is being prefilled or
 decoded; one already running finishes its current slice. Each side can ask whether the other was active during
 its own measurement (`overlapped`), so the cost model keeps speeds measured without competition.
+
+With a HostGate the state is host-wide: serving also holds the host's shared lock, and a writer also waits while
+any other hafiza instance on the host serves (instances sharing cores would otherwise slow each other's requests).
 """
 
 from __future__ import annotations
@@ -12,8 +15,23 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+from hafiza.store.host_gate import HostGate
 
 Event = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class GateMark:
+    """The gate's state at one instant; two marks tell whether a side was active between them (`overlapped`)."""
+
+    serve_epoch: int  # how many times this process started serving
+    encode_epoch: int  # how many encode slices this process started
+    busy: bool
+    encoding: bool
+    host_epoch: int = 0  # the host-wide serving epoch (0 without a host gate)
+    host_busy: bool = False  # some instance on the host was serving
 
 
 class ServingGate:
@@ -21,12 +39,13 @@ class ServingGate:
     transition (`serve`, `idle`, `encode`, `encoded`), in order, for tests and tracing."""
 
     def __init__(self, on_event: Event | None = None, idle_check: Callable[[], bool] | None = None,
-                 recheck_s: float = 0.05) -> None:
+                 recheck_s: float = 0.05, host: HostGate | None = None) -> None:
         """`idle_check()` (e.g. the engine has nothing unfinished) lets a waiting writer go on when the engine
         stopped without a last `serving(False)` (a request aborted between steps); it is asked every
-        `recheck_s` while the writer waits."""
+        `recheck_s` while the writer waits. `host` makes the gate host-wide; other instances stop serving
+        without notifying this process, so a waiting writer then also looks again every `recheck_s`."""
         self._cond = threading.Condition()
-        self.idle_check, self.recheck_s = idle_check, recheck_s
+        self.idle_check, self.recheck_s, self.host = idle_check, recheck_s, host
         self._busy = False
         self._encoding = 0
         self._busy_epoch = 0  # how many times serving started
@@ -47,6 +66,10 @@ class ServingGate:
             self._busy = busy
             if busy:
                 self._busy_epoch += 1
+                if self.host is not None:
+                    self.host.hold()
+            elif self.host is not None:
+                self.host.release()
             self._emit("serve" if busy else "idle")
             self._cond.notify_all()
 
@@ -57,20 +80,24 @@ class ServingGate:
 
     def _held(self) -> bool:
         """Whether a writer must wait now (called under the condition's lock)."""
-        if not self._busy or self._closed:
+        if self._closed:
             return False
-        if self.idle_check is not None and self.idle_check():
+        if self._busy and self.idle_check is not None and self.idle_check():
             self._busy = False
+            if self.host is not None:
+                self.host.release()
             self._emit("idle")
-            return False
-        return True
+        if self._busy:
+            return True
+        return self.host is not None and self.host.busy()
 
     def _wait(self) -> None:
-        """Block until the engine is idle (under the condition's lock)."""
+        """Block until the engine, and every other instance on the host, is idle (under the condition's lock)."""
         if self._held():
             self.waits += 1
+        polled = self.idle_check is not None or self.host is not None
         while self._held():
-            self._cond.wait(self.recheck_s if self.idle_check is not None else None)
+            self._cond.wait(self.recheck_s if polled else None)
 
     def wait_idle(self) -> None:
         """Writer thread: block until the engine is idle (or the gate is closed)."""
@@ -93,20 +120,26 @@ class ServingGate:
                 self._emit("encoded")
                 self._cond.notify_all()
 
-    def marks(self) -> tuple[int, int, bool, bool]:
-        """(serving epoch, encode epoch, busy now, encoding now): compare two marks with `overlapped`."""
+    def marks(self) -> GateMark:
+        """The state now: compare two marks with `overlapped`."""
         with self._cond:
-            return self._busy_epoch, self._encode_epoch, self._busy, self._encoding > 0
+            host = self.host
+            return GateMark(self._busy_epoch, self._encode_epoch, self._busy, self._encoding > 0,
+                            host.epoch() if host is not None else 0, host is not None and host.busy())
 
     @staticmethod
-    def overlapped(before: tuple[int, int, bool, bool], after: tuple[int, int, bool, bool], other: str) -> bool:
-        """Whether `other` ("serve" or "encode") was active at any point between two marks."""
+    def overlapped(before: GateMark, after: GateMark, other: str) -> bool:
+        """Whether `other` ("serve": this process's or, with a host gate, any instance's; "encode": this
+        process's) was active at any point between two marks."""
         if other == "serve":
-            return before[2] or after[2] or after[0] != before[0]
-        return before[3] or after[3] or after[1] != before[1]
+            return (before.busy or after.busy or after.serve_epoch != before.serve_epoch
+                    or before.host_busy or after.host_busy or after.host_epoch != before.host_epoch)
+        return before.encoding or after.encoding or after.encode_epoch != before.encode_epoch
 
     def close(self) -> None:
         """Release any waiting writer for good (shutdown: pending encodes run to completion)."""
         with self._cond:
             self._closed = True
+            if self.host is not None:
+                self.host.close()
             self._cond.notify_all()
