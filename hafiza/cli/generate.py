@@ -14,6 +14,8 @@ from hafiza.cli.speculative import (
     PromptLookupMax,
     PromptLookupMin,
     SpeculativeMethod,
+    SpeculativeModel,
+    load_draft,
     speculative_config,
 )
 from hafiza.options import Eviction, KvBudgetTokens, KvDtype, Weights
@@ -40,6 +42,7 @@ def generate(
     num_speculative_tokens: NumSpeculativeTokens = None,
     prompt_lookup_max: PromptLookupMax = None,
     prompt_lookup_min: PromptLookupMin = None,
+    speculative_model: SpeculativeModel = None,
 ) -> None:
     """Generate text from PROMPT, streaming it as it is produced."""
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
@@ -47,13 +50,14 @@ def generate(
     from hafiza.models import load_model
 
     speculative = speculative_config(speculative_method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
-                                     eviction)
+                                     eviction, speculative_model)
     t0 = time.perf_counter()
     lm = load_model(model, dtype=dtype, device=device, weights=weights)
     load_s = time.perf_counter() - t0
     text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     config = EngineConfig(kv_dtype=kv_dtype, eviction=eviction, kv_budget_tokens=kv_budget_tokens,
-                          speculative=speculative, max_num_seqs=1)
+                          speculative=speculative, max_num_seqs=1,
+                          draft_model=load_draft(speculative, dtype, device, weights))
     drafted = speculative.num_speculative_tokens if speculative is not None else 0
     ids = lm.tokenizer.encode(text)
     tokens = len(ids) + max_tokens + drafted  # the pool holds this one request, no more

@@ -14,6 +14,8 @@ from hafiza.cli.speculative import (
     PromptLookupMax,
     PromptLookupMin,
     SpeculativeMethod,
+    SpeculativeModel,
+    load_draft,
     speculative_config,
 )
 from hafiza.options import Eviction, KvBudgetTokens, KvDtype, Weights
@@ -124,6 +126,7 @@ def serve(
     num_speculative_tokens: NumSpeculativeTokens = None,
     prompt_lookup_max: PromptLookupMax = None,
     prompt_lookup_min: PromptLookupMin = None,
+    speculative_model: SpeculativeModel = None,
 ) -> None:
     """Serve the model over HTTP until interrupted."""
     import uvicorn
@@ -151,7 +154,7 @@ def serve(
                           f"must be a multiple of 16")
     check_role(role, store_redis)
     speculative = speculative_config(speculative_method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min,
-                                     eviction)
+                                     eviction, speculative_model)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     security = _security(host, api_key, api_keys_file, admin_key, shared_cache, explain_details, allowed_host,
                          cors_origin, metrics_auth, dashboard_auth)
@@ -160,7 +163,8 @@ def serve(
                            {"ram": store_ram_codec, "disk": store_disk_codec, "redis": store_redis_codec})
     config = EngineConfig(kv_memory=kv_memory, kv_dtype=kv_dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                          eviction=eviction, kv_budget_tokens=kv_budget_tokens, speculative=speculative)
+                          eviction=eviction, kv_budget_tokens=kv_budget_tokens, speculative=speculative,
+                          draft_model=load_draft(speculative, dtype, device, weights))
     aengine = build_engine(model, device, dtype, config, max_waiting, max_queue_time, weights=weights)
     connector = _connect_store(aengine.engine, store)
     events = None

@@ -37,6 +37,7 @@ from hafiza.engine.sampling import SamplingParams, apply_penalties, mask_early_s
 from hafiza.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from hafiza.engine.sequence import CachePin, Sequence, Status
 from hafiza.engine.speculative import DraftBudget, NgramProposer, SpecCounters, SpeculativeConfig
+from hafiza.engine.speculative.draft import DraftModelProposer, check_same_vocab
 from hafiza.engine.speculative.verify import verify
 from hafiza.errors import ConfigError, RequestError
 from hafiza.models.loader import LoadedModel
@@ -73,7 +74,8 @@ def kv_memory_for_tokens(model: LoadedModel, config: EngineConfig, tokens: int) 
 class EngineConfig:
     """Engine knobs. kv_dtype: auto (bf16), model (the compute dtype), fp32, bf16, fp16, fp8, int8 or int4.
     eviction (streaming | h2o) with kv_budget_tokens caps the KV one sequence keeps (contexts beyond memory).
-    speculative: draft tokens ahead and verify them in the same batched step (None: plain decoding)."""
+    speculative: draft tokens ahead and verify them in the same batched step (None: plain decoding); its draft
+    method runs `draft_model`, loaded by the caller from the config's speculative_model."""
 
     kv_memory: str | int | float = "auto"
     kv_dtype: str = "auto"
@@ -87,6 +89,7 @@ class EngineConfig:
     kv_budget_tokens: int | None = None
     sink_tokens: int = 4
     speculative: SpeculativeConfig | None = None
+    draft_model: LoadedModel | None = None
 
 
 class LLMEngine:
@@ -132,13 +135,27 @@ class LLMEngine:
         self.determinism = determinism_header(self.nondeterminism)  # the x-hafiza-deterministic header
         self.spec = SpecCounters()
         self.proposer: NgramProposer | None = None
+        self.drafter: DraftModelProposer | None = None
         if cfg.speculative is not None:
             cfg.speculative.validate()
             if self.eviction is not None:
                 raise ConfigError("speculative decoding does not combine with eviction (verified rows would land in "
                                   "blocks the policy may drop)", setting="speculative_method")
-            self.proposer = NgramProposer(*cfg.speculative.lookup_range)
+            if cfg.speculative.method == "draft":
+                self.drafter = self._drafter(cfg.draft_model)
+            else:
+                self.proposer = NgramProposer(*cfg.speculative.lookup_range)
             self.scheduler.propose = self._propose
+
+    def _drafter(self, draft: LoadedModel | None) -> DraftModelProposer:
+        """The draft method's proposer, once the draft model is known to share the target's vocabulary."""
+        if draft is None:
+            raise ConfigError("speculative method draft needs the loaded speculative_model (EngineConfig.draft_model)",
+                              setting="speculative_model")
+        check_same_vocab(self.loaded, draft)
+        kv_dtype = self.kv_dtype if self.kv_dtype in FULL_DTYPES else "bf16"  # drafts overwrite mid-block
+        return DraftModelProposer(draft, block_size=self.config.block_size, kv_dtype=kv_dtype,
+                                  tokens=self.blocks.num_blocks * self.config.block_size)
 
     def attach_connector(self, connector: KVConnector) -> None:
         """Connect KV tiers below the pool: full blocks are written through, admissions look them up."""
@@ -225,6 +242,8 @@ class LLMEngine:
             if seq is not None:
                 self.scheduler.remove(seq)
                 seq.finish_reason = FinishReason.ABORT
+                if self.drafter is not None:
+                    self.drafter.release(sid)
                 found = True
         return found
 
@@ -285,12 +304,27 @@ class LLMEngine:
     def _propose(self, seq: Sequence, room: int) -> list[int]:
         """The scheduler's hook: tokens to draft past a decoding sequence, at most `room`, its draft budget and
         what its max_tokens and the context leave after this step's own token."""
-        if self.proposer is None or seq.draft_budget is None or seq.needs_prompt_logits:
+        if seq.draft_budget is None or seq.needs_prompt_logits:
             return []
         limit = min(room, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens - 1)
         if limit <= 0:
             return []
-        return self.proposer.propose(seq.token_ids, min(limit, seq.draft_budget.allowed()))
+        limit = min(limit, seq.draft_budget.allowed())
+        if self.drafter is not None:
+            draft = self.drafter.propose(seq.token_ids, limit, seq.request_id)
+        elif self.proposer is not None:
+            draft = self.proposer.propose(seq.token_ids, limit)
+        else:
+            return []
+        return draft if seq.params.ignore_eos else self._cut_at_stop(draft, seq.params.stop_token_ids)
+
+    def _cut_at_stop(self, draft: list[int], stop_token_ids: Seq[int]) -> list[int]:
+        """The draft up to and including its first stop token: what follows one is never kept (the request ends
+        there, or the target rejects the stop token itself)."""
+        for i, token in enumerate(draft):
+            if token in self.tokenizer.eos_token_ids or token in stop_token_ids:
+                return draft[: i + 1]
+        return draft
 
     def _verify(self, seq: Sequence, draft: list[int], rows: torch.Tensor, first: int, now: float,
                 ) -> RequestOutput | None:
@@ -411,6 +445,8 @@ class LLMEngine:
         if out.finished:
             self.scheduler.remove(seq)
             self.seqs.pop(seq.request_id, None)
+            if self.drafter is not None:
+                self.drafter.release(seq.request_id)
         return out
 
     def _observe_prefill(self, num_new: list[int], seconds: float) -> None:
@@ -500,3 +536,7 @@ class LLMEngine:
                 assert seq.tiers is not None, f"running request {seq.request_id} has no admission outcome"
         self.cache.check_integrity({s.request_id: s.num_computed for s in live},
                                    {s.request_id: s.block_hashes for s in live})
+        if self.drafter is not None:
+            self.drafter.check_integrity()
+            stale = set(self.drafter.states) - {s.request_id for s in live}
+            assert not stale, f"finished requests {sorted(stale)} still hold draft blocks"

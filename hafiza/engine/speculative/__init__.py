@@ -1,4 +1,5 @@
-"""Speculative decoding: drafts guessed ahead of the model, verified by the target in one batched step."""
+"""Speculative decoding: drafts guessed ahead of the model (by prompt lookup or a small draft model), verified by
+the target in one batched step."""
 
 from hafiza.engine.speculative.backoff import DraftBudget
 from hafiza.engine.speculative.config import SpeculativeConfig
