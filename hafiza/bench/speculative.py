@@ -5,8 +5,9 @@
 - chat: free prose, where drafts rarely hit (speculation backs off there).
 
 Systems, interleaved in one run on the same token ids: plain hafiza decoding, hafiza with ngram (prompt lookup)
-drafting, and llama.cpp (llama-cpp-python) on the same GGUF, plain and with `LlamaPromptLookupDecoding`. Each
-speculating system's `identical` says whether its greedy tokens equal its own engine's plain decoding.
+drafting, hafiza drafted by a small model of the same tokenizer (`--draft-model`), and llama.cpp
+(llama-cpp-python) on the same GGUF, plain and with `LlamaPromptLookupDecoding`. Each speculating system's
+`identical` says whether its greedy tokens equal its own engine's plain decoding.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Settings:
     prompt_lookup_min: int = 1
     llama_pred_tokens: int = 10
     llama_ngram_size: int = 2
+    draft_model: str | None = None
 
 
 def edit_source(lines: int = 300) -> str:
@@ -133,10 +135,10 @@ def _rate(n: int, first: float | None, last: float | None) -> float:
 class HafizaSystem:
     """One hafiza engine, plain or speculating, on the loaded model."""
 
-    def __init__(self, loaded: LoadedModel, spec: Any) -> None:
+    def __init__(self, loaded: LoadedModel, spec: Any, draft: LoadedModel | None = None) -> None:
         from hafiza.engine import EngineConfig, LLMEngine
 
-        self.engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB", speculative=spec))
+        self.engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB", speculative=spec, draft_model=draft))
         self.salt = 0
 
     def generate(self, ids: list[int], max_tokens: int) -> Run:
@@ -233,7 +235,8 @@ class _Drafter:
         return self.fn(input_ids, **kwargs)
 
 
-def systems(loaded: LoadedModel, settings: Settings, n_ctx: int) -> tuple[dict[tuple[str, str], Any], str | None]:
+def systems(loaded: LoadedModel, settings: Settings, n_ctx: int, draft: LoadedModel | None = None,
+            ) -> tuple[dict[tuple[str, str], Any], str | None]:
     """The systems to interleave, keyed (system, method), and why llama.cpp is missing (None: it is there)."""
     import torch
 
@@ -243,6 +246,9 @@ def systems(loaded: LoadedModel, settings: Settings, n_ctx: int) -> tuple[dict[t
                              settings.prompt_lookup_min)
     out: dict[tuple[str, str], Any] = {("hafiza", "none"): HafizaSystem(loaded, None),
                                        ("hafiza", "ngram"): HafizaSystem(loaded, spec)}
+    if draft is not None:
+        drafted = SpeculativeConfig("draft", settings.num_speculative_tokens, speculative_model=str(draft.path))
+        out[("hafiza", "draft")] = HafizaSystem(loaded, drafted, draft)
     llama_cpp, reason = llama_import()
     if llama_cpp is None:
         return out, reason
@@ -255,11 +261,13 @@ def systems(loaded: LoadedModel, settings: Settings, n_ctx: int) -> tuple[dict[t
     return out, None
 
 
-def run_bench(loaded: LoadedModel, settings: Settings, workloads: tuple[str, ...] = WORKLOADS) -> dict[str, Any]:
-    """Every system on every workload, `repeats` rounds interleaved (each round runs every pair once); medians."""
+def run_bench(loaded: LoadedModel, settings: Settings, workloads: tuple[str, ...] = WORKLOADS,
+              draft: LoadedModel | None = None) -> dict[str, Any]:
+    """Every system on every workload, `repeats` rounds interleaved (each round runs every pair once); medians.
+    `draft`: the loaded draft model for the draft method (None: that system is left out)."""
     prompts = {w: prompt_ids(loaded, w, settings) for w in workloads}
     n_ctx = max(len(p) for p in prompts.values()) + settings.max_tokens + 64
-    chosen, reason = systems(loaded, settings, n_ctx)
+    chosen, reason = systems(loaded, settings, n_ctx, draft)
     warm = prompts[workloads[0]][:32]
     for system in chosen.values():
         system.generate(warm, 4)
@@ -289,7 +297,7 @@ def run_bench(loaded: LoadedModel, settings: Settings, workloads: tuple[str, ...
             "seconds": statistics.median(r.seconds for r in samples), "samples": len(samples),
             "tok_s_runs": [r.decode_tok_s for r in samples]})
     for r in results:
-        if r["system"] == "hafiza" and r["method"] == "ngram":
+        if r["system"] == "hafiza" and r["method"] in ("ngram", "draft"):
             peer = next((p for p in results if p["system"] == "llama.cpp" and p["method"] == "prompt lookup"
                          and p["workload"] == r["workload"]), None)
             r["speedup_vs_llamacpp_lookup"] = r["tok_s"] / peer["tok_s"] if peer and peer["tok_s"] else None
@@ -358,11 +366,15 @@ def register(bench_app: typer.Typer) -> None:
                                      ] = Settings.llama_pred_tokens,
         llama_ngram_size: Annotated[int, typer.Option(help="llama.cpp LlamaPromptLookupDecoding max_ngram_size.")
                                     ] = Settings.llama_ngram_size,
+        draft_model: Annotated[str | None, typer.Option(help="hafiza: also run the draft method with this small "
+                                                             "model (path or name as for --model; same tokenizer).")
+                               ] = None,
         docs: Annotated[str | None, typer.Option(help="Also write the table into this markdown file's "
                                                       "'Speculative decoding' section.")] = None,
         weights: Weights = "auto",
     ) -> None:
-        """Greedy decode speed: plain, ngram drafting and llama.cpp prompt lookup, on edit, json and chat."""
+        """Greedy decode speed: plain, ngram drafting, a draft model and llama.cpp prompt lookup, on edit, json
+        and chat."""
         from hafiza.errors import HafizaError
         from hafiza.models import load_model
         from hafiza.models.weights import check_weights_mode
@@ -375,9 +387,19 @@ def register(bench_app: typer.Typer) -> None:
         if min(max_tokens, repeats, edit_lines) < 1:
             raise HafizaError("--max-tokens, --repeats and --edit-lines must be positive")
         settings = Settings(max_tokens, repeats, edit_lines, Settings.json_items, num_speculative_tokens,
-                            prompt_lookup_max, prompt_lookup_min, llama_pred_tokens, llama_ngram_size)
+                            prompt_lookup_max, prompt_lookup_min, llama_pred_tokens, llama_ngram_size, draft_model)
         loaded = load_model(model, dtype="fp32", device="cpu", weights=weights)
-        data = run_bench(loaded, settings, chosen)
+        draft = None
+        if draft_model is not None:
+            from hafiza.engine.speculative.draft import check_same_vocab
+            from hafiza.errors import ConfigError
+
+            draft = load_model(draft_model, dtype="fp32", device="cpu", weights=weights)
+            try:
+                check_same_vocab(loaded, draft)
+            except ConfigError as exc:
+                raise HafizaError(f"--draft-model: {exc}") from None
+        data = run_bench(loaded, settings, chosen, draft)
         print_table(data)
         print(f"wrote {write_json(data, json_path, f'speculative-{loaded.path.stem}.json')}")
         if docs:

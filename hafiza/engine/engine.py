@@ -311,7 +311,8 @@ class LLMEngine:
             return []
         limit = min(limit, seq.draft_budget.allowed())
         if self.drafter is not None:
-            draft = self.drafter.propose(seq.token_ids, limit, seq.request_id)
+            hashes = seq.hashes(self.config.block_size) if self.config.enable_prefix_caching else ()
+            draft = self.drafter.propose(seq.token_ids, limit, seq.request_id, hashes)
         elif self.proposer is not None:
             draft = self.proposer.propose(seq.token_ids, limit)
         else:

@@ -161,8 +161,7 @@ class StoreConnector(KVConnector):
         self._lock = threading.Lock()
         self._predict_mark = threading.local()  # the gate's mark when this thread's encode began
         self._closed = False
-        store.key_of = self._tier_key
-        store.fallback_key_of = self._fallback_key
+        store.bind_keys(self._tier_key, self._fallback_key)
 
     @classmethod
     def for_engine(

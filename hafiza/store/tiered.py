@@ -165,6 +165,11 @@ class TieredStore:
         self._writer = threading.Thread(target=self._write_loop, name="hafiza-store-writer", daemon=True)
         self._writer.start()
 
+    def bind_keys(self, key_of: KeyOf, fallback_key_of: FallbackKeyOf) -> None:
+        """Name entries by these functions from now on: the connector's block keys (model, KV dtype, block size
+        and each tier's codec qualify a block's hash)."""
+        self.key_of, self.fallback_key_of = key_of, fallback_key_of
+
     @property
     def names(self) -> list[str]:
         return [t.name for t in self.tiers]

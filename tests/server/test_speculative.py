@@ -1,7 +1,7 @@
 """Speculative decoding through the server with the official clients: at temperature 0 a speculating server gives
 the same text and usage as a plain one, streamed or not, on chat, completions, messages and responses;
 `"speculative": false` drafts nothing; /metrics counts
-drafts; a rendered request refuses the opt-out it cannot carry."""
+drafts; a rendered request refuses the opt-out it cannot carry; a draft model's server answers as a plain one."""
 
 from __future__ import annotations
 
@@ -137,3 +137,34 @@ def test_render_refuses_the_opt_out(spec_server: Server) -> None:
         "model": spec_server.model, "prompt": "hello", "max_tokens": 4, "speculative": False})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "speculative"
+
+
+@pytest.fixture(scope="module")
+def draft_server(default_model: LoadedModel, tiny_llama: LoadedModel) -> Iterator[Server]:
+    """The shared server's engine settings drafted by a random-weight model of the same tokenizer."""
+    spec = SpeculativeConfig(method="draft", num_speculative_tokens=3, speculative_model="tiny")
+    aengine = AsyncEngine(LLMEngine(default_model, EngineConfig(kv_memory="256MiB", kv_dtype="model",
+                                                                 speculative=spec, draft_model=tiny_llama))).start()
+    name = served_name(default_model)
+    thread = ServerThread(create_app(aengine, ServerSettings(model_name=name))).start()
+    yield Server(thread.url, name, aengine)
+    thread.stop()
+    aengine.shutdown()
+
+
+def test_draft_model_same_text_streamed_or_not(server: Server, draft_server: Server) -> None:
+    """A draft that is mostly wrong still leaves the text as plain decoding's, streamed and not."""
+    plain, drafted = clients(server, draft_server)
+    before = draft_server.engine_stats().spec
+    assert before is not None
+    texts = []
+    for c in (plain, drafted):
+        body = c.chat.completions.create(model=server.model, messages=ECHO, max_tokens=32, temperature=0)
+        chunks = c.chat.completions.create(model=server.model, messages=ECHO, max_tokens=32, temperature=0,
+                                           stream=True)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert streamed == body.choices[0].message.content
+        texts.append((body.choices[0].message.content, body.usage.completion_tokens))
+    assert texts[0] == texts[1]
+    after = draft_server.engine_stats().spec
+    assert after is not None and after.num_draft_tokens > before.num_draft_tokens

@@ -84,7 +84,7 @@ def test_load_names_each_values_tier_and_leaves_promotion_to_the_caller(stack: T
 
 
 def test_per_tier_keys_and_value_functions(stack: TieredStore) -> None:
-    stack.key_of = lambda j, name: f"{name}@{j}"
+    stack.bind_keys(lambda j, name: f"{name}@{j}", lambda j, name: None)
     asked: list[int] = []
 
     def value_for(j: int) -> bytes | None:

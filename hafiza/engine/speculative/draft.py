@@ -2,16 +2,20 @@
 
 The draft keeps its own paged KV pool. Each request holds a few of its blocks and the tokens whose K/V they hold,
 so a step only computes what changed since the last one: the tokens the target accepted past the last draft and
-its own token. Drafts the target rejected are overwritten in place. When the pool runs short, the least recently
-drafted request gives its blocks up (it recomputes later); a request that still does not fit gets no draft.
+its own token. Drafts the target rejected are overwritten in place; only blocks of known tokens are registered
+in the draft's prefix cache. When the pool runs short, the least recently drafted request gives its blocks up (it
+recomputes later); a request that still does not fit gets no draft.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from hafiza.cache.block_manager import BlockManager
 from hafiza.cache.layout import FULL_DTYPES
 from hafiza.cache.memory import kv_memory_bytes
 from hafiza.cache.pool import blocks_that_fit, bytes_for_tokens, layout_for, make_kv_pool, with_blocks
@@ -35,15 +39,20 @@ def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
 
 @dataclass
 class DraftState:
-    """One request's part of the draft pool: its blocks, and the tokens whose K/V they hold, in order."""
+    """One request's part of the draft pool: its blocks (a reference on each), the tokens whose K/V they hold, in
+    order, and how many leading blocks are registered in the draft's prefix cache."""
 
     blocks: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    cached: int = 0
 
 
 class DraftModelProposer:
     """Greedy drafts from a small model. `kv_memory` sizes its pool (default: room for `tokens` tokens);
-    `kv_dtype` must be a full-precision format, as rejected drafts are overwritten in the middle of a block."""
+    `kv_dtype` must be a full-precision format, as rejected drafts are overwritten in the middle of a block.
+    The pool's blocks are managed by a BlockManager of their own: full blocks of known tokens are registered
+    under the target's chained hashes, so a request whose prompt shares a prefix with an earlier one starts from
+    the draft's cached K/V, as the target does."""
 
     def __init__(self, draft: LoadedModel, block_size: int = 16, kv_memory: str | int | float | None = None,
                  tokens: int = 16384, kv_dtype: str = "bf16") -> None:
@@ -62,27 +71,34 @@ class DraftModelProposer:
                               setting="speculative_model")
         self.kv = make_kv_pool(with_blocks(probe, num_blocks), draft.device)
         self.exact = FULL_DTYPES[kv_dtype] == draft.dtype
-        self.num_blocks = num_blocks
-        self.free = list(range(num_blocks))
+        self.blocks = BlockManager(num_blocks, block_size)
         self.states: dict[str, DraftState] = {}  # least recently drafted first
 
-    def propose(self, tokens: list[int], limit: int, request_id: str = "") -> list[int]:
+    def propose(self, tokens: list[int], limit: int, request_id: str = "", hashes: Sequence[str] = ()) -> list[int]:
         """Up to `limit` tokens the draft model predicts greedily after `tokens` (empty when the pool cannot hold
-        the request)."""
+        the request). `hashes`: the chained hashes of the full blocks of `tokens` (none: no prefix caching)."""
         limit = min(limit, self.max_len - len(tokens) + 1)
         if limit <= 0 or not tokens:
             return []
-        state = self.states.pop(request_id, None) or DraftState()
+        state = self.states.pop(request_id, None) or self._start(tokens, hashes)
         keep = 0
         for have, want in zip(state.tokens, tokens[:-1], strict=False):
             if have != want:
                 break
             keep += 1
+        if keep < state.cached * self.block_size:  # not this request's tokens: never write a registered block
+            self.blocks.free(state.blocks)
+            state = self._start(tokens, hashes)
+            keep = len(state.tokens)
         del state.tokens[keep:]
         if not self._reserve(state, -(-(len(tokens) + limit - 1) // self.block_size)):
-            self.free += state.blocks
+            self.blocks.free(state.blocks)
             return []
         logits = self._forward(state, tokens[keep:])
+        end = min(len(hashes), len(tokens) // self.block_size)
+        if end > state.cached:
+            self.blocks.cache_chain(state.blocks, hashes, tokens, state.cached, end)
+            state.cached = end
         out: list[int] = []
         while True:
             out.append(int(torch.argmax(logits)))
@@ -93,31 +109,49 @@ class DraftModelProposer:
         return out
 
     def release(self, request_id: str) -> None:
-        """A finished or aborted request's blocks go back to the pool."""
+        """A finished or aborted request's references go back to the pool (its registered blocks stay cached)."""
         state = self.states.pop(request_id, None)
         if state is not None:
-            self.free += state.blocks
+            self.blocks.free(state.blocks)
 
     def check_integrity(self) -> None:
-        """Every block is free or held by exactly one request, which holds enough for its tokens."""
-        held = [b for s in self.states.values() for b in s.blocks]
-        assert sorted(held + self.free) == list(range(self.num_blocks)), "draft blocks leaked or shared"
+        """The block manager's invariants, plus: each block's references are the requests holding it, and each
+        request holds enough blocks for its tokens, its registered ones holding its leading tokens."""
+        self.blocks.check_integrity()
+        held = Counter(b for s in self.states.values() for b in s.blocks)
+        for block in self.blocks.blocks:
+            assert block.ref_count == held[block.block_id], \
+                f"draft block {block.block_id}: {block.ref_count} references, {held[block.block_id]} holders"
+        bs = self.block_size
         for rid, s in self.states.items():
-            assert len(s.blocks) * self.block_size >= len(s.tokens), f"draft state {rid} outgrew its blocks"
+            assert len(s.blocks) * bs >= len(s.tokens), f"draft state {rid} outgrew its blocks"
+            for i in range(s.cached):
+                block = self.blocks.blocks[s.blocks[i]]  # unregistered if another block held its content first
+                assert block.hash is None or block.token_ids == tuple(s.tokens[i * bs : (i + 1) * bs]), \
+                    f"draft state {rid}: registered block {i} holds other tokens"
+
+    def _start(self, tokens: list[int], hashes: Sequence[str]) -> DraftState:
+        """A new request's state, holding the draft's cached prefix of `tokens`."""
+        match = self.blocks.match_prefix(tokens, hashes)
+        self.blocks.admit(match, 0, len(tokens) if hashes else 0)
+        hit = match.num_blocks
+        return DraftState(list(match.block_ids), list(tokens[: hit * self.block_size]), hit)
 
     def _reserve(self, state: DraftState, need: int) -> bool:
-        """Give `state` exactly `need` blocks, taking them from the least recently drafted requests if the pool
-        runs short; False when even that is not enough."""
-        if need > self.num_blocks:
+        """Give `state` exactly `need` blocks, releasing the least recently drafted requests' if the pool runs
+        short; False when even that is not enough."""
+        if need > self.blocks.num_blocks:
             return False
         while len(state.blocks) < need:
-            if not self.free:
-                if not self.states:
-                    return False
-                self.free += self.states.pop(next(iter(self.states))).blocks
-            state.blocks.append(self.free.pop())
-        while len(state.blocks) > need:
-            self.free.append(state.blocks.pop())
+            short = need - len(state.blocks)
+            if self.blocks.num_allocatable() >= short:
+                state.blocks += self.blocks.allocate(short)
+            elif self.states:
+                self.blocks.free(self.states.pop(next(iter(self.states))).blocks)
+            else:
+                return False
+        while len(state.blocks) > max(need, state.cached):
+            self.blocks.free([state.blocks.pop()])
         return True
 
     def _forward(self, state: DraftState, ids: list[int]) -> torch.Tensor:

@@ -5,6 +5,7 @@ of another vocabulary is refused by name."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -70,8 +71,8 @@ def test_random_draft_is_rejected_but_exact(default_model: LoadedModel, tiny_lla
     drafts: list[tuple[list[int], list[int]]] = []
     original = drafter.propose
 
-    def spy(tokens: list[int], limit: int, request_id: str = "") -> list[int]:
-        out = original(tokens, limit, request_id)
+    def spy(tokens: list[int], limit: int, request_id: str = "", hashes: Sequence[str] = ()) -> list[int]:
+        out = original(tokens, limit, request_id, hashes)
         drafts.append((list(tokens), out))
         return out
 
@@ -116,12 +117,43 @@ def test_draft_method_needs_the_loaded_model(default_model: LoadedModel) -> None
 
 def test_full_draft_pool_drafts_nothing(tiny_llama: LoadedModel) -> None:
     """A request that does not fit the draft's pool gets no draft instead of failing; its blocks go back."""
-    drafter = DraftModelProposer(tiny_llama, kv_memory="1MiB", block_size=16)
-    drafter.free = drafter.free[-2:]
+    drafter = DraftModelProposer(tiny_llama, tokens=32, block_size=16)
+    assert drafter.blocks.num_blocks == 2
     assert drafter.propose(list(range(40)), 4, "a") == []
-    assert not drafter.states and len(drafter.free) == 2
+    assert not drafter.states and drafter.blocks.num_allocatable() == 2
     first = drafter.propose(list(range(10)), 4, "b")
     assert len(first) == 4
     assert drafter.propose([*range(10), first[0]], 3, "b") == first[1:]  # incremental: same greedy run
+    drafter.check_integrity()
     drafter.release("b")
-    assert len(drafter.free) == 2
+    assert drafter.blocks.num_allocatable() == 2
+    drafter.check_integrity()
+
+
+def test_short_pool_releases_the_least_recent_request(tiny_llama: LoadedModel) -> None:
+    drafter = DraftModelProposer(tiny_llama, tokens=32, block_size=16)
+    assert len(drafter.propose(list(range(12)), 4, "old")) == 4
+    assert len(drafter.propose(list(range(50, 62)), 4, "new")) == 4
+    assert set(drafter.states) == {"old", "new"}
+    assert len(drafter.propose(list(range(100, 120)), 4, "big")) == 4  # two blocks: both others give theirs up
+    assert set(drafter.states) == {"big"}
+    drafter.check_integrity()
+
+
+def test_a_shared_prefix_starts_from_the_drafts_cache(tiny_llama: LoadedModel) -> None:
+    """Two requests on one 40-token prefix: the second finds the first's two full blocks (registered under the
+    hashes given) and drafts what a cold drafter drafts."""
+    from hafiza.cache.hashing import chain_hashes
+
+    prefix = [(7 * i) % 300 for i in range(40)]
+    a, b = [*prefix, 1, 2, 3], [*prefix, 4, 5]
+    warm = DraftModelProposer(tiny_llama, block_size=16)
+    warm.propose(a, 4, "a", chain_hashes(a, 16))
+    warm.release("a")
+    hits = warm.blocks.prefix_cache_hits
+    got = warm.propose(b, 4, "b", chain_hashes(b, 16))
+    assert warm.blocks.prefix_cache_hits - hits == 32
+    assert warm.states["b"].cached == 2
+    warm.check_integrity()
+    cold = DraftModelProposer(tiny_llama, block_size=16)
+    assert got == cold.propose(b, 4, "b")
