@@ -9,9 +9,10 @@ MAX_PAUSE = 64  # the longest pause, in decode steps, after repeated fully rejec
 
 @dataclass
 class DraftBudget:
-    """How many tokens one sequence may draft next. A fully accepted draft restores the full length; a partly
-    accepted one drafts one more than was accepted; a fully rejected one halves the length, and at zero the
-    sequence pauses (its rows would be wasted), for a pause that doubles each time it ends in another rejection."""
+    """How many tokens one sequence may draft next. A fully accepted draft of k tokens allows 2k next (up to the
+    full length), so a short lucky draft does not buy a long wasted one; a partly accepted one drafts one more
+    than was accepted; a fully rejected one halves the length, and at zero the sequence pauses (its rows would
+    be wasted), for a pause that doubles each time it ends in another rejection."""
 
     max_tokens: int
     length: int = -1
@@ -34,7 +35,7 @@ class DraftBudget:
         if drafted <= 0:
             return
         if accepted >= drafted:
-            self.length, self.next_pause = self.max_tokens, 1
+            self.length, self.next_pause = min(self.max_tokens, 2 * drafted), 1
         elif accepted > 0:
             self.length, self.next_pause = min(self.max_tokens, accepted + 1), 1
         elif self.length > 1:
