@@ -313,19 +313,12 @@ class LLMEngine:
         if self.drafter is not None:
             hashes = seq.hashes(self.config.block_size) if self.config.enable_prefix_caching else ()
             draft = self.drafter.propose(seq.token_ids, limit, seq.request_id, hashes)
-        elif self.proposer is not None:
-            draft = self.proposer.propose(seq.token_ids, limit)
         else:
-            return []
-        return draft if seq.params.ignore_eos else self._cut_at_stop(draft, seq.params.stop_token_ids)
-
-    def _cut_at_stop(self, draft: list[int], stop_token_ids: Seq[int]) -> list[int]:
-        """The draft up to and including its first stop token: what follows one is never kept (the request ends
-        there, or the target rejects the stop token itself)."""
-        for i, token in enumerate(draft):
-            if token in self.tokenizer.eos_token_ids or token in stop_token_ids:
-                return draft[: i + 1]
-        return draft
+            assert self.proposer is not None, "the propose hook is installed only with a proposer"
+            draft = self.proposer.propose(seq.token_ids, limit)
+        # what follows a stop token is never kept: the request ends there, or the target rejects the stop itself
+        end = next((i + 1 for i, t in enumerate(draft) if seq.params.ends_on(t, self.tokenizer.eos_token_ids)), None)
+        return draft[:end]
 
     def _verify(self, seq: Sequence, draft: list[int], rows: torch.Tensor, first: int, now: float,
                 ) -> RequestOutput | None:

@@ -76,7 +76,7 @@ class OutputProcessor:
             seq.token_ids.append(token)
             new = [token]
             self.generation_tokens += 1
-            if not p.ignore_eos and (token in self.tokenizer.eos_token_ids or token in p.stop_token_ids):
+            if p.ends_on(token, self.tokenizer.eos_token_ids):
                 seq.finish_reason = FinishReason.STOP
                 if p.include_stop_str_in_output:
                     text = text_out.add(token, check_stop=False)

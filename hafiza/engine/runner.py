@@ -9,7 +9,7 @@ import torch
 from hafiza.cache.eviction import AttentionScores
 from hafiza.cache.pool import KVPool
 from hafiza.engine.scheduler import ScheduledBatch
-from hafiza.models.attention import AttentionMetadata, AttentionObserver, PrefillSpan
+from hafiza.models.attention import AttentionMetadata, AttentionObserver, PrefillSpan, causal_mask
 from hafiza.models.llama import LlamaModel
 
 
@@ -39,11 +39,7 @@ class ModelRunner:
 
     def _mask(self, q_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
         """[len(q_pos), num_keys] True where query position may see key position (causal, sliding window)."""
-        keys = torch.arange(num_keys, device=self.device)
-        mask = keys.unsqueeze(0) <= q_pos.unsqueeze(1)
-        if self.window:
-            mask &= keys.unsqueeze(0) > q_pos.unsqueeze(1) - self.window
-        return mask
+        return causal_mask(q_pos, num_keys, self.window)
 
     def build(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """input_ids, positions, metadata, and for each sequence the flat index of its last token (or -1 when

@@ -103,6 +103,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def ends_on(self, token: int, eos_token_ids: list[int]) -> bool:
+        """Whether emitting `token` ends the request: an EOS or stop token, unless ignore_eos."""
+        return not self.ignore_eos and (token in eos_token_ids or token in self.stop_token_ids)
+
     @property
     def penalized(self) -> bool:
         """Whether penalties or a logit bias change this request's logits."""

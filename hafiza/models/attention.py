@@ -53,6 +53,16 @@ class AttentionMetadata:
     observer: AttentionObserver | None = None
 
 
+def causal_mask(q_pos: torch.Tensor, num_keys: int, window: int | None = None) -> torch.Tensor:
+    """[len(q_pos), num_keys] True where a query at that position may see the key position (causal, and within
+    the sliding `window` when there is one)."""
+    keys = torch.arange(num_keys, device=q_pos.device)
+    mask = keys.unsqueeze(0) <= q_pos.unsqueeze(1)
+    if window:
+        mask &= keys.unsqueeze(0) > q_pos.unsqueeze(1) - window
+    return mask
+
+
 KEY_TILE = 64  # keys per P·V matmul; a multiple of every vector width, so exp never takes a scalar tail
 ROW_TILE = 4  # MKL computes a remainder of 1-3 rows with other kernels (other rounding) than whole tiles of 4
 QUERY_CHUNK = 256  # query tokens per kernel call in a prefill span (bounds the score matrix)

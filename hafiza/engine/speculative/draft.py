@@ -20,7 +20,7 @@ from hafiza.cache.layout import FULL_DTYPES
 from hafiza.cache.memory import kv_memory_bytes
 from hafiza.cache.pool import blocks_that_fit, bytes_for_tokens, layout_for, make_kv_pool, with_blocks
 from hafiza.errors import ConfigError
-from hafiza.models.attention import AttentionMetadata, PrefillSpan
+from hafiza.models.attention import AttentionMetadata, PrefillSpan, causal_mask
 from hafiza.models.loader import LoadedModel
 
 
@@ -81,11 +81,9 @@ class DraftModelProposer:
         if limit <= 0 or not tokens:
             return []
         state = self.states.pop(request_id, None) or self._start(tokens, hashes)
-        keep = 0
-        for have, want in zip(state.tokens, tokens[:-1], strict=False):
-            if have != want:
-                break
-            keep += 1
+        keep = min(len(state.tokens), len(tokens) - 1)  # the last token is always fed: its logits are needed
+        if state.tokens[:keep] != tokens[:keep]:  # a rejected draft: find where it left the request's tokens
+            keep = next(i for i, (have, want) in enumerate(zip(state.tokens, tokens, strict=False)) if have != want)
         if keep < state.cached * self.block_size:  # not this request's tokens: never write a registered block
             self.blocks.free(state.blocks)
             state = self._start(tokens, hashes)
@@ -162,10 +160,7 @@ class DraftModelProposer:
         table = state.blocks[: -(-ctx // bs)]
         slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(start, ctx)], dtype=torch.long, device=dev)
         positions = torch.arange(start, ctx, dtype=torch.long, device=dev)
-        keys = torch.arange(len(table) * bs if n == 1 else ctx, device=dev)
-        mask = keys[None, :] <= positions[:, None]
-        if self.window:
-            mask &= keys[None, :] > positions[:, None] - self.window
+        mask = causal_mask(positions, len(table) * bs if n == 1 else ctx, self.window)
         meta = AttentionMetadata(slot_mapping=slots)
         blocks = torch.tensor(table, dtype=torch.long, device=dev)
         if n == 1:
