@@ -29,7 +29,8 @@ class KVPool(Protocol):
       A write at offset 0 starts a new fill of that block. Lossy formats refuse inf/NaN (NonFiniteKVError), at
       the latest when the last layer of a step writes.
     - `gather(layer, block_tables)` returns the blocks of `block_tables` [B, n] as contiguous K, V
-      [B, n * block_size, Hkv, d] in `layout.compute_dtype`: the values attention must use.
+      [B, n * block_size, Hkv, d] in `layout.compute_dtype`: the values attention must use. `gather_into(layer,
+      block_tables, keys, values)` writes the same values head-major into given [B, Hkv, n * block_size, d] views.
     - `read_blocks(ids)` copies whole blocks out to the CPU as [layers, 2, n, block_size, Hkv, d] in
       `block_dtype`; `write_blocks(ids, data)` is its inverse (swap-in). For a quantised format it
       re-quantises, so it is lossy: what a tier keeps goes through the native form instead.
@@ -69,6 +70,8 @@ class KVPool(Protocol):
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
 
     def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def gather_into(self, layer: int, block_tables: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None: ...
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor: ...
 

@@ -51,6 +51,22 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None
     prefills: list[PrefillSpan] = field(default_factory=list)
     observer: AttentionObserver | None = None
+    decode_buffers: DecodeBuffers | None = None
+
+
+@dataclass
+class DecodeBuffers:
+    """The decode attention's padded operands for one step, made by its first layer and refilled by every other:
+    the shapes, the zero padding, the ones column and the mask are the same in each layer, so a layer only
+    copies its keys, values and queries in. `keys` [D, Hkv, W, d], `values` [D, Hkv, W, d + 1], `queries`
+    [D * Hkv, R, d] (R = group rounded up to ROW_TILE), `hidden` [D * Hkv, 1, W] (True = masked); `seen` keys
+    are gathered per sequence (W is `seen` rounded up to KEY_TILE)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    queries: torch.Tensor
+    hidden: torch.Tensor
+    seen: int
 
 
 def causal_mask(q_pos: torch.Tensor, num_keys: int, window: int | None = None) -> torch.Tensor:
@@ -84,6 +100,21 @@ def _tiled(q: torch.Tensor, k: torch.Tensor, v1: torch.Tensor, hidden: torch.Ten
     for t in range(1, tiles):
         acc += parts[:, t]
     return acc[:, :rows, :dim] / acc[:, :rows, dim:]
+
+
+def decode_buffers(meta: AttentionMetadata, kv_heads: int, group: int, dim: int, dtype: torch.dtype,
+                   device: torch.device, block_size: int) -> DecodeBuffers:
+    """Zeroed padded operands for the step's `meta.num_decode` decodes (see DecodeBuffers)."""
+    assert meta.decode_block_tables is not None and meta.decode_mask is not None
+    d, seen = meta.num_decode, meta.decode_block_tables.shape[1] * block_size
+    width = -(-seen // KEY_TILE) * KEY_TILE
+    values = torch.zeros(d, kv_heads, width, dim + 1, dtype=dtype, device=device)
+    values[..., dim] = 1
+    rows = -(-group // ROW_TILE) * ROW_TILE
+    mask = meta.decode_mask.reshape(d, 1, seen)
+    hidden = _hidden(mask, d, 1, 1, width).unsqueeze(1).expand(d, kv_heads, 1, width).reshape(d * kv_heads, 1, width)
+    return DecodeBuffers(torch.zeros(d, kv_heads, width, dim, dtype=dtype, device=device), values,
+                         torch.zeros(d * kv_heads, rows, dim, dtype=dtype, device=device), hidden, seen)
 
 
 def _padded_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,12 +179,14 @@ def paged_attention(
     group = heads // kv_heads
     d = meta.num_decode
     if d:
-        kc, vc = kv.gather(layer, meta.decode_block_tables)  # [D, S, Hkv, d]
-        kp, v1 = _padded_keys(kc.to(q.dtype).transpose(1, 2), vc.to(q.dtype).transpose(1, 2))
-        qd = _padded_queries(q[:d].reshape(d * kv_heads, group, dim))
-        mask = meta.decode_mask.reshape(d, 1, kc.shape[1])
-        hidden = _hidden(mask, d, 1, 1, kp.shape[1]).unsqueeze(1).expand(d, kv_heads, 1, kp.shape[1])
-        out[:d] = _tiled(qd, kp, v1, hidden.reshape(d * kv_heads, 1, kp.shape[1]), group).view(d, heads, dim)
+        if meta.decode_buffers is None:
+            meta.decode_buffers = decode_buffers(meta, kv_heads, group, dim, q.dtype, q.device, kv.block_size)
+        buf, seen = meta.decode_buffers, meta.decode_buffers.seen
+        kv.gather_into(layer, meta.decode_block_tables, buf.keys[:, :, :seen], buf.values[:, :, :seen, :dim])
+        torch.mul(q[:d].view(d * kv_heads, group, dim), dim**-0.5, out=buf.queries[:, :group])
+        width = buf.keys.shape[2]
+        out[:d] = _tiled(buf.queries, buf.keys.view(-1, width, dim), buf.values.view(-1, width, dim + 1), buf.hidden,
+                         group).view(d, heads, dim)
     for span in meta.prefills:
         s, n, ctx = span.start, span.length, span.context_len
         if span.block_table is None:

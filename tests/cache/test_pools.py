@@ -58,6 +58,24 @@ def test_every_format_has_the_one_pool_interface(kind: str, layout: KVLayout) ->
     assert float((again.float() - data.float()).abs().max()) <= tol
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_gather_into_writes_what_gather_gives_head_major(kind: str, layout: KVLayout) -> None:
+    """The decode attention's one-copy read: the same bits as `gather`, into padded strided views, wider
+    dtypes included, and nothing outside the views touched."""
+    pool = _pool(kind, layout, window_blocks=1)
+    k, v = _kv(70)
+    pool.write(0, torch.arange(70), k, v)
+    tables = torch.tensor([[4, 0, 2], [1, 3, 1]])
+    gk, gv = pool.gather(0, tables)
+    for dtype in (layout.compute_dtype, torch.float64):
+        keys = torch.full((2, 2, 64, 64), 7.0, dtype=dtype)
+        values = torch.full((2, 2, 64, 65), 7.0, dtype=dtype)
+        pool.gather_into(0, tables, keys[:, :, :48], values[:, :, :48, :64])
+        assert torch.equal(keys[:, :, :48], gk.transpose(1, 2).to(dtype))
+        assert torch.equal(values[:, :, :48, :64], gv.transpose(1, 2).to(dtype))
+        assert bool((keys[:, :, 48:] == 7).all()) and bool((values[..., 64] == 7).all())
+
+
 def test_bf16_pool_is_the_full_precision_format(layout: KVLayout) -> None:
     pool = _pool("bf16", layout)
     assert isinstance(pool, FullPrecisionKV) and pool.k[0].dtype == torch.bfloat16

@@ -96,6 +96,18 @@ class PoolFormat(ABC):
         dt = self.layout.compute_dtype
         return k.reshape(shape).to(dt), v.reshape(shape).to(dt)
 
+    def gather_into(self, layer: int, block_tables: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """The values `gather` gives, written head-major into `keys` / `values` [B, Hkv, n * block_size, d] (any
+        strides, the compute dtype): one copy of each block out of the pool and one into place, for the decode
+        attention's padded operands."""
+        b, n = block_tables.shape
+        k, v = self._blocks(layer, block_tables.reshape(-1).to(self.device))
+        if keys.dtype != self.layout.compute_dtype:  # gather's rounding first, as a cast of its result would
+            k, v = k.to(self.layout.compute_dtype), v.to(self.layout.compute_dtype)
+        shape = (b, n * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        keys.copy_(k.reshape(shape).transpose(1, 2))
+        values.copy_(v.reshape(shape).transpose(1, 2))
+
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Whole blocks out (offload, codec): [layers, 2, n, block_size, Hkv, d] in `block_dtype` on the CPU."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
