@@ -29,6 +29,8 @@ NAMED = {"qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
          "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"}
 SYSTEMS = ("hafiza", "llama.cpp")
 FIELDS = ("decode_tok_s", "prefill_tok_s", "peak_rss_bytes", "load_s", "busy_decode_tok_s")
+STEP_FIELDS = ("step_ms_matmul", "step_ms_other")
+ISAS = ("native", "avx2")  # torch's CPU capability for the hafiza workers; avx2 caps an AVX-512 machine's kernels
 
 
 def resolve_model(name: str) -> Path:
@@ -82,9 +84,12 @@ def gguf_types(path: Path) -> str:
 
 
 def run_worker(system: str, model: Path, weights: str, prefill: int, new_tokens: int, threads: int,
-               timeout_s: float) -> dict[str, Any]:
-    """One worker process; its JSON line, or an error row (never raises)."""
+               timeout_s: float, isa: str = "native") -> dict[str, Any]:
+    """One worker process (torch's kernels capped at `isa` unless it is native); its JSON line, or an error row
+    (never raises)."""
     env = dict(os.environ)
+    if isa != "native":
+        env["ATEN_CPU_CAPABILITY"] = isa
     if system == "llama.cpp":  # llama.cpp runs as the user would: without the OpenMP defaults hafiza sets itself
         env = user_environment() | {settings.OMP_DEFAULTS.name: ""}
     cmd = [sys.executable, "-m", "hafiza.bench.weights_worker", system, str(model), weights, str(prefill),
@@ -117,9 +122,14 @@ def summarize(runs: list[dict[str, Any]], bandwidth: float) -> list[dict[str, An
             errors = [r["error"] for r in runs if (r["model"], r["system"]) == key]
             rows.append(row | {"weights": None, **dict.fromkeys(FIELDS), "error": errors[-1]})
             continue
-        row["weights"] = ok[-1]["weights"]
+        row |= {"weights": ok[-1]["weights"], "isa": ok[-1].get("isa"), "kernel": ok[-1].get("kernel")}
         for f in FIELDS:
             row[f] = statistics.median(r[f] for r in ok)
+        for f in STEP_FIELDS:
+            got = [r[f] for r in ok if r.get(f) is not None]
+            row[f] = statistics.median(got) if got else None
+        parts = [r["step_ms_parts"] for r in ok if r.get("step_ms_parts")]
+        row["step_ms_parts"] = {p: statistics.median(x[p] for x in parts) for p in parts[0]} if parts else None
         read = ok[-1]["bytes_read_per_token"]
         limit = bandwidth * 1e9 / read
         row |= {"bytes_read_per_token": read, "limit_tok_s": limit, "decode_fraction_of_limit": row["decode_tok_s"]
@@ -129,8 +139,9 @@ def summarize(runs: list[dict[str, Any]], bandwidth: float) -> list[dict[str, An
 
 
 def run(models: list[str], systems: list[str], weights: str, prefill: int, new_tokens: int, repeats: int,
-        bandwidth_mib: int, timeout_s: float, echo: Any = print) -> dict[str, Any]:
-    """Every model x system x repeat, interleaved (repeat, then model, then system), each in its own process."""
+        bandwidth_mib: int, timeout_s: float, echo: Any = print, isas: tuple[str, ...] = ("native",)) -> dict[str, Any]:
+    """Every model x system (x torch ISA for hafiza) x repeat, interleaved (repeat, then model, then system), each
+    in its own process."""
     threads = len(allowed_cpus())
     paths = {m: resolve_model(m) for m in models}
     bandwidth = memory_bandwidth_gbps(bandwidth_mib)
@@ -138,20 +149,21 @@ def run(models: list[str], systems: list[str], weights: str, prefill: int, new_t
     runs = []
     for rep in range(repeats):
         for path in paths.values():
-            for system in systems:
+            for system, isa in [(s, i) for s in systems for i in (isas if s == "hafiza" else ("native",))]:
                 t0 = time.perf_counter()
-                res = run_worker(system, path, weights, prefill, new_tokens, threads, timeout_s)
+                res = run_worker(system, path, weights, prefill, new_tokens, threads, timeout_s, isa)
                 if system == "llama.cpp" and "error" not in res:
                     res |= {"weights": f"gguf ({gguf_types(path)})", "bytes_read_per_token": gguf_bytes_per_token(path)}
-                res = {"model": path.name, "repeat": rep, "load_average": os.getloadavg()[0], **res}
+                label = system if isa == "native" else f"{system} ({isa})"
+                res = {"model": path.name, "repeat": rep, "load_average": os.getloadavg()[0], **res, "system": label}
                 runs.append(res)
-                echo(f"  {path.name} {system}: " + (res["error"] if "error" in res else
+                echo(f"  {path.name} {label}: " + (res["error"] if "error" in res else
                      f"decode {res['decode_tok_s']:.1f} tok/s, busy {res['busy_decode_tok_s']:.1f}, prefill "
                      f"{res['prefill_tok_s']:.0f} tok/s, load {res['load_s']:.1f} s, RSS "
                      f"{res['peak_rss_bytes'] / 2**30:.2f} GiB") + f" ({time.perf_counter() - t0:.0f} s)")
     return {"bench": "weights", "bandwidth_GBps": bandwidth, "threads": threads,
             "config": {"models": {m: str(p) for m, p in paths.items()}, "systems": systems, "weights": weights,
-                       "prefill_tokens": prefill, "new_tokens": new_tokens, "repeats": repeats},
+                       "prefill_tokens": prefill, "new_tokens": new_tokens, "repeats": repeats, "isas": list(isas)},
             "results": summarize(runs, bandwidth), "runs": runs}
 
 
@@ -159,25 +171,51 @@ def print_table(data: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"hafiza bench weights (memory read bandwidth {data['bandwidth_GBps']:.1f} GB/s)")
-    cols = ("model", "system", "weights", "decode tok/s", "busy decode", "busy/quiet", "of limit", "prefill tok/s",
-            "peak RSS GiB", "load s")
+    cols = ("model", "system", "weights", "isa", "kernel", "decode tok/s", "step ms matmul/other", "busy decode",
+            "busy/quiet", "of limit", "prefill tok/s", "peak RSS GiB", "load s")
     for c in cols:
-        table.add_column(c, justify="left" if c in ("model", "system", "weights") else "right")
+        table.add_column(c, justify="left" if c in ("model", "system", "weights", "isa", "kernel") else "right")
     for r in data["results"]:
         if r.get("error"):
-            table.add_row(r["model"], r["system"], "", f"[red]{r['error'][:60]}[/red]", *[""] * 6)
+            table.add_row(r["model"], r["system"], "", "", "", f"[red]{r['error'][:60]}[/red]", *[""] * 7)
             continue
-        table.add_row(r["model"], r["system"], str(r["weights"]), f"{r['decode_tok_s']:.1f}",
-                      f"{r['busy_decode_tok_s']:.1f}", f"{r['busy_over_quiet']:.2f}",
-                      f"{r['decode_fraction_of_limit']:.0%}", f"{r['prefill_tok_s']:.0f}",
-                      f"{r['peak_rss_bytes'] / 2**30:.2f}", f"{r['load_s']:.2f}")
+        table.add_row(r["model"], r["system"], str(r["weights"]), str(r.get("isa")), str(r.get("kernel")),
+                      f"{r['decode_tok_s']:.1f}", step_split(r), f"{r['busy_decode_tok_s']:.1f}",
+                      f"{r['busy_over_quiet']:.2f}", f"{r['decode_fraction_of_limit']:.0%}",
+                      f"{r['prefill_tok_s']:.0f}", f"{r['peak_rss_bytes'] / 2**30:.2f}", f"{r['load_s']:.2f}")
     console.print(table)
+    if data.get("profile"):
+        print_profile(data, console)
     server = data.get("server")
     if server:
         from hafiza.bench.llamacpp import print_tables
 
         print_tables({"available": True, "server": server}, console)
         console.print(server_summary(server))
+
+
+def step_split(row: dict[str, Any]) -> str:
+    """`matmul / other` milliseconds of one decode step, or `-` where the system does not say (llama.cpp)."""
+    if row.get("step_ms_matmul") is None:
+        return "-"
+    return f"{row['step_ms_matmul']:.1f} / {row['step_ms_other']:.1f}"
+
+
+def print_profile(data: dict[str, Any], console: Any) -> None:
+    """Per hafiza row: milliseconds per decode step of each part (bench/step_profile.py), medians over runs."""
+    from rich.table import Table
+
+    from hafiza.bench.step_profile import PARTS
+
+    parts = (*PARTS, "other", "step")
+    table = Table(title="decode step by part, ms (median over runs; other: embedding, residuals, SiLU, head "
+                        "refinement, sampling, scheduling, Python)")
+    for c in ("model", "system", *parts):
+        table.add_column(c, justify="left" if c in ("model", "system") else "right")
+    for r in data["results"]:
+        if r.get("step_ms_parts"):
+            table.add_row(r["model"], r["system"], *(f"{r['step_ms_parts'][p]:.2f}" for p in parts))
+    console.print(table)
 
 
 def server_summary(server: dict[str, Any]) -> str:
@@ -202,14 +240,14 @@ def markdown(data: dict[str, Any]) -> str:
     rows = []
     for r in data["results"]:
         if r.get("error"):
-            rows.append([r["model"], r["system"], "", f"error: {r['error'][:80]}", *[""] * 6])
+            rows.append([r["model"], r["system"], "", "", "", f"error: {r['error'][:80]}", *[""] * 7])
             continue
-        rows.append([r["model"], r["system"], r["weights"], f"{r['decode_tok_s']:.1f}",
-                     f"{r['busy_decode_tok_s']:.1f} ({r['busy_over_quiet']:.2f}×)",
+        rows.append([r["model"], r["system"], r["weights"], r.get("isa"), r.get("kernel"), f"{r['decode_tok_s']:.1f}",
+                     step_split(r), f"{r['busy_decode_tok_s']:.1f} ({r['busy_over_quiet']:.2f}×)",
                      f"{r['decode_fraction_of_limit']:.0%} of {r['limit_tok_s']:.0f}", f"{r['prefill_tok_s']:.0f}",
                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB", f"{r['load_s']:.2f} s", r["runs"]])
-    return table(["model", "system", "weights", "decode tok/s", "busy decode tok/s", "decode vs bandwidth limit",
-                  "prefill tok/s", "peak RSS", "load", "runs"], rows)
+    return table(["model", "system", "weights", "isa", "kernel", "decode tok/s", "step ms matmul / other",
+                  "busy decode tok/s", "decode vs bandwidth limit", "prefill tok/s", "peak RSS", "load", "runs"], rows)
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -227,6 +265,12 @@ def register(bench_app: typer.Typer) -> None:
         repeats: Annotated[int, typer.Option(help="Runs per model and system (median reported).")] = 3,
         sessions: Annotated[int, typer.Option(help="Concurrent chat streams against hafiza serve and llama-server "
                                                    "(0: no server load).")] = 16,
+        isa: Annotated[str, typer.Option(help="torch CPU capabilities for the hafiza workers, comma-separated: native "
+                                              "and/or avx2 (ATEN_CPU_CAPABILITY), each in the same interleaved run."
+                                         )] = "native",
+        profile: Annotated[bool, typer.Option("--profile", help="Also print each decode step by part (matmul, "
+                                                                "attention, norm, rope, K/V writes, other).")
+                           ] = False,
         quick: Annotated[bool, typer.Option("--quick", help="Smoke run: default model, 64-token prefill, 8 tokens, "
                                                             "one repeat, no server load.")] = False,
         json_path: Annotated[Path | None, typer.Option("--json", help="Where to write the JSON results.")] = None,
@@ -244,9 +288,13 @@ def register(bench_app: typer.Typer) -> None:
             models, prefill, new_tokens, repeats, sessions = "default", 64, 8, 1, 0
         if min(prefill, repeats) < 1 or new_tokens < 2 or sessions < 0:
             raise HafizaError("--prefill and --repeats must be positive, --new-tokens at least 2, --sessions >= 0")
+        isas = tuple(dict.fromkeys(i.strip() for i in isa.split(",") if i.strip()))
+        if not isas or any(i not in ISAS for i in isas):
+            raise HafizaError(f"--isa must name {' and/or '.join(ISAS)}, got {isa!r}")
         names = [m.strip() for m in models.split(",") if m.strip()]
         data = run(names, chosen, weights, prefill, new_tokens, repeats, 256 if quick else 1024,
-                   600.0 if quick else 1800.0)
+                   600.0 if quick else 1800.0, isas=isas)
+        data["profile"] = profile
         if sessions:
             data["server"] = server_load(sessions, weights)
         data["quick"] = quick

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hafiza.engine import LLMEngine
     from hafiza.models import LoadedModel
 
 DECODE_CONTEXT = 128
@@ -73,6 +74,7 @@ def weights_label(loaded: LoadedModel) -> str:
 def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict[str, Any]:
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
     from hafiza.models import load_model
+    from hafiza.models.kernel_choice import cpu_kernel
 
     t0 = time.perf_counter()
     loaded = load_model(model, device="cpu", weights=weights)
@@ -98,10 +100,38 @@ def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict
     decode_s = timed(decode_ids, new_tokens)[1]
     with spinning_core():
         busy_s = timed(decode_ids, new_tokens)[1]
+    parts = profiled_decode(engine, loaded, decode_ids, new_tokens)
     read = sum(lin.nbytes for lin in loaded.model.weights.linears())
     return {"weights": weights_label(loaded), "weight_formats": loaded.model.weights.formats(), "load_s": load_s,
             "prefill_tok_s": prefill / prefill_s, "decode_tok_s": (new_tokens - 1) / decode_s,
-            "busy_decode_tok_s": (new_tokens - 1) / busy_s, "bytes_read_per_token": read}
+            "busy_decode_tok_s": (new_tokens - 1) / busy_s, "bytes_read_per_token": read,
+            "isa": torch_isa(), "kernel": cpu_kernel(), "step_ms_matmul": parts["matmul"],
+            "step_ms_other": parts["step"] - parts["matmul"], "step_ms_parts": parts}
+
+
+def torch_isa() -> str:
+    """The CPU capability torch's kernels run with here (ATEN_CPU_CAPABILITY can lower it), in lower case."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def profiled_decode(engine: LLMEngine, loaded: LoadedModel, ids: list[int], new_tokens: int) -> dict[str, float]:
+    """One more greedy decode of `new_tokens` after `ids` with the model's parts timed (bench/step_profile.py):
+    milliseconds per decode step of each part; the prefill step is not counted."""
+    from hafiza.bench.step_profile import step_parts_ms, timed_parts
+    from hafiza.engine import SamplingParams
+
+    engine.add_request(ids, SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True))
+    with timed_parts(loaded.model) as clock:
+        while not any(out.new_token_ids for out in engine.step()):
+            pass
+        clock.seconds.clear()
+        start, steps = time.perf_counter(), 0
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+        return step_parts_ms(clock, time.perf_counter() - start, steps)
 
 
 def run_llamacpp(model: Path, prefill: int, new_tokens: int, threads: int) -> dict[str, Any]:
@@ -125,7 +155,14 @@ def run_llamacpp(model: Path, prefill: int, new_tokens: int, threads: int) -> di
         busy_total, busy_first = llama_generate(llm, decode_ids, new_tokens)
     return {"weights": "gguf", "load_s": load_s, "prefill_tok_s": prefill / prefill_s,
             "decode_tok_s": (new_tokens - 1) / (total - first),
-            "busy_decode_tok_s": (new_tokens - 1) / (busy_total - busy_first), "version": llama_cpp.__version__}
+            "busy_decode_tok_s": (new_tokens - 1) / (busy_total - busy_first), "version": llama_cpp.__version__,
+            "isa": llama_isa(llama_cpp), "kernel": "ggml (llama.cpp)", "step_ms_matmul": None, "step_ms_other": None}
+
+
+def llama_isa(llama_cpp: Any) -> str:
+    """The widest x86 vector extension llama.cpp's build reports (its system info), in lower case."""
+    info = llama_cpp.llama_print_system_info().decode()
+    return next((isa for isa in ("avx512", "avx2", "avx") if f"{isa.upper()} = 1" in info), "other")
 
 
 def main(argv: list[str]) -> None:

@@ -16,7 +16,7 @@ from hafiza.bench.llamacpp import llama_import
 from hafiza.models.loader import default_model_path
 
 REQUIRED = ("model", "system", "weights", "decode_tok_s", "prefill_tok_s", "peak_rss_bytes", "load_s",
-            "busy_decode_tok_s")
+            "busy_decode_tok_s", "isa", "kernel")
 
 
 def hafiza_cmd(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,23 +28,33 @@ def hafiza_cmd(*args: str) -> subprocess.CompletedProcess[str]:
 def test_quick_run_writes_every_required_field(tmp_path: Path) -> None:
     systems = "hafiza,llama.cpp" if llama_import()[0] is not None else "hafiza"
     out = tmp_path / "weights.json"
-    done = hafiza_cmd("--quick", "--systems", systems, "--json", str(out))
+    done = hafiza_cmd("--quick", "--systems", systems, "--isa", "native,avx2", "--profile", "--json", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["bandwidth_GBps"] > 0
-    assert [r["system"] for r in data["results"]] == systems.split(",")
+    expect = ["hafiza", "hafiza (avx2)"] + (["llama.cpp"] if "llama.cpp" in systems else [])
+    assert [r["system"] for r in data["results"]] == expect
     for row in data["results"]:
         assert "error" not in row, row
         for field in REQUIRED:
             assert row[field] is not None and row[field] != "", (field, row)
+        assert row["isa"] in ("avx2", "avx512", "default") and row["kernel"], row
+        if row["system"].startswith("hafiza"):
+            assert row["step_ms_matmul"] > 0 and row["step_ms_other"] > 0, row
+            parts = row["step_ms_parts"]
+            assert parts["step"] == pytest.approx(row["step_ms_matmul"] + row["step_ms_other"])
+        else:
+            assert row["step_ms_matmul"] is None and row["step_ms_other"] is None
         assert row["model"] == default_model_path().name
         assert row["peak_rss_bytes"] > 50 * 2**20 and row["load_s"] > 0
         assert row["bytes_read_per_token"] > 10 * 2**20
         assert row["decode_fraction_of_limit"] > 0
+    assert data["results"][1]["isa"] == "avx2"
+    assert "decode step by part" in done.stdout
     hafiza_row = data["results"][0]
     assert hafiza_row["weights"].startswith("auto (") and "int4" in hafiza_row["weights"]
-    if len(data["results"]) > 1:
-        assert data["results"][1]["weights"] == "gguf (Q4_1+Q8_0)"
+    if "llama.cpp" in systems:
+        assert data["results"][2]["weights"] == "gguf (Q4_1+Q8_0)"
     assert "memory read bandwidth" in done.stdout
     doc = weights.markdown(data)
     assert doc.count("\n") == 1 + len(data["results"]) and f"| {hafiza_row['model']} | hafiza |" in doc
@@ -62,6 +72,7 @@ def test_a_failing_worker_is_an_error_row_not_a_number(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (["--systems", "vllm"], "--systems"),
     (["--weights", "q3"], "--weights"),
+    (["--isa", "sse2"], "--isa"),
     (["--models", "/nonexistent/x.gguf"], "no file"),
 ])
 def test_bad_options_end_in_one_line(args: list[str], needle: str) -> None:
