@@ -44,9 +44,9 @@ class Setting(Generic[T]):
 
 
 ADAPTIVE_THREADS: Setting[bool] = Setting(
-    "HAFIZA_ADAPTIVE_THREADS", False, _flag,
-    "`1`: before each CPU forward, use only the cores other processes leave free (hafiza/threads.py). Off by "
-    "default.")
+    "HAFIZA_ADAPTIVE_THREADS", True, _flag,
+    "Before each CPU forward, use only the cores other processes leave free (hafiza/threads.py). On by default; "
+    "any value but `1` turns it off.")
 WEIGHTS_CACHE: Setting[str] = Setting(
     "HAFIZA_WEIGHTS_CACHE", "", str,
     "Directory of the repacked-GGUF weight cache, or `off` (also `0`, `no`, `false`) to disable it; unset: "

@@ -2,12 +2,14 @@
 the decode matmul, so that decode keeps its speed when other processes take cores and values never depend on it.
 
 - `openmp_defaults()` runs before torch is imported, at each entry point (`hafiza.cli.main`, the benchmark worker,
-  tests/conftest.py), never on import: OpenMP threads that spin at a barrier hold their core while a sibling waits
-  for one; a short spin then sleep releases it (docs/ENGINE.md).
-- `adapt()` runs before each forward on the CPU (LlamaModel.forward). With settings.ADAPTIVE_THREADS on it reads how
-  busy the allowed cores were since the last look (/proc/stat, less this process's own CPU time) and uses only the
-  cores left free. Off by default: on the shared 2-core machine, passive waiting with every thread kept its decode
-  better under a spinning process than giving the core up (docs/BENCHMARKS.md, thread policy).
+  tests/conftest.py), never on import. A waiting OpenMP thread spins about 10,000 rounds (tens of microseconds),
+  then sleeps. That covers the gaps between one decode step's ops, so a step never pays a sleeping thread's
+  wake-up (on a 2-core VM a passive wait made 2 threads slower than 1). And a thread whose sibling was
+  descheduled does not hold its core for long (libgomp's default spins 300,000 rounds) (docs/BENCHMARKS.md).
+- `adapt()` runs before each forward on the CPU (LlamaModel.forward). With settings.ADAPTIVE_THREADS on (the
+  default) it reads how busy the allowed cores were since the last look (/proc/stat, less this process's own CPU
+  time) and uses only the cores left free, so that a core another process takes is not waited for at every
+  barrier.
 - `decode_parts()`: how many slices the decode matmul splits its weight into; fixed for the process (the thread
   count it started with), never the thread count of the moment, so logits are bit-identical whatever `adapt()` picks.
 """
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from hafiza import settings
 
-WAIT_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+WAIT_DEFAULTS = {"GOMP_SPINCOUNT": "10000"}
 SAMPLE_S = 0.25  # shortest window over which the other processes' load is measured
 BUSY_DROP, BUSY_RAISE = 0.5, 0.25  # a core counts as taken above BUSY_DROP, as free again below BUSY_RAISE
 
@@ -107,7 +109,7 @@ class ThreadPolicy:
     """Chooses the intra-op thread count of the thread that runs the forward, step by step."""
 
     def __init__(self, maximum: int, cpus: list[int], adaptive: bool = True, stat_path: str = "/proc/stat") -> None:
-        """`adaptive` False keeps `maximum` threads whatever the load (the default; settings.ADAPTIVE_THREADS)."""
+        """`adaptive` False keeps `maximum` threads whatever the load (settings.ADAPTIVE_THREADS=0)."""
         self.maximum, self.cpus, self.stat_path = maximum, cpus, stat_path
         self.current = maximum
         self.last = read_times(cpus, stat_path)

@@ -35,10 +35,12 @@ def test_every_setting_is_documented() -> None:
 
 def test_a_setting_is_read_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(settings.ADAPTIVE_THREADS.name, raising=False)
+    assert settings.ADAPTIVE_THREADS.read() is True  # on unless asked otherwise
+    monkeypatch.setenv(settings.ADAPTIVE_THREADS.name, "0")
     assert settings.ADAPTIVE_THREADS.read() is False
     monkeypatch.setenv(settings.ADAPTIVE_THREADS.name, "1")
     assert settings.ADAPTIVE_THREADS.read() is True
-    monkeypatch.setenv(settings.ADAPTIVE_THREADS.name, "yes")  # only `1` turns the switch on, as it always did
+    monkeypatch.setenv(settings.ADAPTIVE_THREADS.name, "yes")  # only `1` keeps the switch on, as it always did
     assert settings.ADAPTIVE_THREADS.read() is False
     monkeypatch.setenv(settings.LLAMA_SERVER.name, "")
     assert settings.LLAMA_SERVER.read() is None and settings.LLAMA_SERVER.is_set()

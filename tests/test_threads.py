@@ -18,8 +18,8 @@ from tests.models.test_logits_match_transformers import paged_logits
 
 def test_openmp_defaults_fill_in_only_what_the_user_left_unset() -> None:
     env: dict[str, str] = {"PATH": "/bin"}
-    assert threads.openmp_defaults(env) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert threads.openmp_defaults(env) == {"GOMP_SPINCOUNT": "10000"}
+    assert env["GOMP_SPINCOUNT"] == "10000" and "OMP_WAIT_POLICY" not in env
     assert threads.user_environment(env) == {"PATH": "/bin"}
     assert threads.openmp_defaults(env) == {}  # a child process inherits them unchanged
     for user in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "1000"}):
@@ -28,14 +28,14 @@ def test_openmp_defaults_fill_in_only_what_the_user_left_unset() -> None:
         assert threads.user_environment(env) == user
 
 
-# Records OMP_WAIT_POLICY at the moment torch is first imported, then runs the CLI's entry point.
+# Records GOMP_SPINCOUNT at the moment torch is first imported, then runs the CLI's entry point.
 WATCH_TORCH = """
 import os, sys
 seen = []
 class Watch:
     def find_spec(self, name, path=None, target=None):
         if name == "torch" and not seen:
-            seen.append(os.environ.get("OMP_WAIT_POLICY"))
+            seen.append(os.environ.get("GOMP_SPINCOUNT"))
 sys.meta_path.insert(0, Watch())
 sys.argv = ["hafiza", *sys.argv[1:]]
 from hafiza.cli import main
@@ -50,9 +50,10 @@ print(seen, file=sys.stderr)
 def test_the_cli_process_starts_with_the_defaults() -> None:
     env = threads.user_environment()
     env.pop("OMP_WAIT_POLICY", None)
+    env.pop("GOMP_SPINCOUNT", None)
     out = subprocess.run([sys.executable, "-c", WATCH_TORCH, "memory", "--help"], capture_output=True, text=True,
                          env=env, check=True)
-    assert out.stderr.strip().splitlines()[-1] == "['PASSIVE']"  # set before torch loaded
+    assert out.stderr.strip().splitlines()[-1] == "['10000']"  # set before torch loaded
 
 
 def test_importing_hafiza_changes_nothing_in_the_process() -> None:
