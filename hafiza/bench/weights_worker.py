@@ -41,6 +41,12 @@ def spinning_core() -> Iterator[int]:
         proc.wait()
 
 
+def context_tokens(prefill: int, new_tokens: int) -> int:
+    """The context both systems are sized for: the longest request a worker makes, plus 64 (llama.cpp's n_ctx,
+    hafiza's KV pool, as `hafiza generate` sizes it)."""
+    return max(prefill, DECODE_CONTEXT) + new_tokens + 64
+
+
 def prompt_ids(tokenize: Callable[[str], list[int]], n: int) -> list[int]:
     """`n` token ids of plain English prose (the same text for both systems, tokenized by the model's tokenizer)."""
     text = ("A transformer keeps the keys and values of every token it has read, so that each new token attends to "
@@ -73,14 +79,16 @@ def weights_label(loaded: LoadedModel) -> str:
 
 def run_hafiza(model: Path, weights: str, prefill: int, new_tokens: int) -> dict[str, Any]:
     from hafiza.engine import EngineConfig, LLMEngine, SamplingParams
+    from hafiza.engine.engine import kv_memory_for_tokens
     from hafiza.models import load_model
     from hafiza.models.kernel_choice import cpu_kernel
 
     t0 = time.perf_counter()
     loaded = load_model(model, device="cpu", weights=weights)
     load_s = time.perf_counter() - t0
-    engine = LLMEngine(loaded, EngineConfig(kv_memory="512MiB", enable_prefix_caching=False,
-                                            max_num_batched_tokens=max(2048, prefill)))
+    config = EngineConfig(enable_prefix_caching=False, max_num_batched_tokens=max(2048, prefill))
+    config.kv_memory = kv_memory_for_tokens(loaded, config, context_tokens(prefill, new_tokens))
+    engine = LLMEngine(loaded, config)
 
     def timed(ids: list[int], n: int) -> tuple[float, float]:
         """(seconds to the first token, seconds from it to the last) for `n` greedy tokens after `ids`."""
@@ -141,7 +149,7 @@ def run_llamacpp(model: Path, prefill: int, new_tokens: int, threads: int) -> di
     if llama_cpp is None:
         return {"error": reason}
     t0 = time.perf_counter()
-    llm = open_llama(llama_cpp, model, max(prefill, DECODE_CONTEXT) + new_tokens + 64, threads)
+    llm = open_llama(llama_cpp, model, context_tokens(prefill, new_tokens), threads)
     load_s = time.perf_counter() - t0
 
     def tokenize(text: str) -> list[int]:
