@@ -18,6 +18,7 @@ import mmap
 import os
 import shutil
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from hafiza import settings
 from hafiza.models.linear import int4_block_rows
 
 LAYOUT_VERSION = "1"  # bump when a cached array's layout or values change
-KEEP = 4
+KEEP = 8  # models x layouts: three GGUFs under both ISAs (bench weights --isa native,avx2) must not evict each other
 log = logging.getLogger(__name__)
 
 
@@ -117,8 +118,10 @@ class WeightCache:
         """Mark this model as used now and remove all but the KEEP most recently used models."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            os.utime(self.dir)
-            dirs = sorted((d for d in self.root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime,
+            others = [d.stat().st_mtime_ns for d in self.root.iterdir() if d.is_dir() and d != self.dir]
+            now = time.time_ns()  # later than every other entry: the kernel's coarse clock gives near uses one mtime
+            os.utime(self.dir, ns=(now, max(now, max(others, default=0) + 1)))
+            dirs = sorted((d for d in self.root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime_ns,
                           reverse=True)
         except OSError:
             return

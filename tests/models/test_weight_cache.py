@@ -91,11 +91,19 @@ def test_key_follows_file_mode_and_device(model: Path, tmp_path: Path) -> None:
 def test_off_and_eviction(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HAFIZA_WEIGHTS_CACHE", "off")
     assert open_cache(model, "auto", CPU) is None
-    monkeypatch.setenv("HAFIZA_WEIGHTS_CACHE", str(tmp_path))
-    for mode in ("auto", "q4", "q8", "bf16", "fp32", "auto"):
-        assert open_cache(model, mode, CPU) is not None
-    kept = {d.name for d in tmp_path.iterdir()}
-    assert len(kept) == KEEP and model_key(model, "auto", CPU) in kept and model_key(model, "q4", CPU) not in kept
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HAFIZA_WEIGHTS_CACHE", str(cache))
+    files = []
+    for i in range(KEEP // 5 + 1):  # five modes a file, distinct files by mtime: more models than KEEP
+        files.append(tmp_path / f"m{i}.gguf")
+        files[-1].write_bytes(model.read_bytes())
+        os.utime(files[-1], ns=(0, 10**9 * (i + 1)))
+    used = [(f, mode) for f in files for mode in ("auto", "q4", "q8", "bf16", "fp32")][: KEEP + 2]
+    for f, mode in [*used, used[0]]:
+        assert open_cache(f, mode, CPU) is not None
+    kept = {d.name for d in cache.iterdir()}
+    assert len(kept) == KEEP and model_key(*used[0], CPU) in kept  # the first, used again last, stays
+    assert model_key(*used[1], CPU) not in kept and model_key(*used[2], CPU) not in kept
 
 
 def test_loaded_from_cache_computes_the_same(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
