@@ -183,7 +183,8 @@ def paged_attention(
             meta.decode_buffers = decode_buffers(meta, kv_heads, group, dim, q.dtype, q.device, kv.block_size)
         buf, seen = meta.decode_buffers, meta.decode_buffers.seen
         kv.gather_into(layer, meta.decode_block_tables, buf.keys[:, :, :seen], buf.values[:, :, :seen, :dim])
-        torch.mul(q[:d].view(d * kv_heads, group, dim), dim**-0.5, out=buf.queries[:, :group])
+        queries = buf.queries.view(d, kv_heads, -1, dim)[:, :, :group]  # q's heads may be strided (a q|k slice)
+        torch.mul(q[:d].view(d, kv_heads, group, dim), dim**-0.5, out=queries)
         width = buf.keys.shape[2]
         out[:d] = _tiled(buf.queries, buf.keys.view(-1, width, dim), buf.values.view(-1, width, dim + 1), buf.hidden,
                          group).view(d, heads, dim)

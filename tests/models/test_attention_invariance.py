@@ -58,14 +58,19 @@ def prefill(pool: FullPrecisionKV, table: list[int], q: torch.Tensor, k: torch.T
     return paged_attention(0, q[start:end], k[start:end], v[start:end], pool, meta)
 
 
-def decodes(pool: FullPrecisionKV, table: list[int], q: torch.Tensor, positions: list[int]) -> torch.Tensor:
-    """Several positions of the sequence as a batch of decodes (as if they were distinct sequences)."""
+def decodes(pool: FullPrecisionKV, table: list[int], q: torch.Tensor, positions: list[int],
+            strided: bool = False) -> torch.Tensor:
+    """Several positions of the sequence as a batch of decodes (as if they were distinct sequences); `strided`
+    hands their queries over as the model does, a slice of one q|k tensor."""
     width = len(table)
     meta = AttentionMetadata(slot_mapping=torch.zeros(len(positions), dtype=torch.long), num_decode=len(positions))
     meta.decode_block_tables = torch.tensor([table] * len(positions))
     mask = torch.arange(width * BS)[None, :] <= torch.tensor(positions)[:, None]
     meta.decode_mask = mask[:, None, None, :]
     qs = q[positions]
+    if strided:
+        qs = torch.cat([qs, torch.randn(len(positions), HKV, DIM)], dim=1)[:, : qs.shape[1]]
+        assert not qs.is_contiguous()
     return paged_attention(0, qs, torch.zeros(len(positions), HKV, DIM), torch.zeros(len(positions), HKV, DIM),
                            pool, meta)
 
@@ -83,6 +88,14 @@ def test_span_chunks_and_decodes_agree_bit_for_bit(dtype: torch.dtype) -> None:
     assert torch.equal(decodes(pool, table, q, [40]), whole[40:41])
     if dtype == torch.float32:  # the fresh K/V equal the pool's only when the pool stores them exactly
         assert torch.equal(prefill(pool, table, q, k, v, 0, 70, fresh=True), whole)
+
+
+def test_decodes_take_queries_as_the_model_slices_them() -> None:
+    """The model hands attention q as a slice of one q|k tensor (heads strided): a batch of decodes gives the bits
+    of contiguous queries."""
+    pool, table, q, k, v = make_pool(torch.float32)
+    positions = [69, 5, 40]
+    assert torch.equal(decodes(pool, table, q, positions, strided=True), decodes(pool, table, q, positions))
 
 
 def test_matches_softmax_attention() -> None:
