@@ -41,8 +41,9 @@ class PrefillSpan:
 
 @dataclass
 class AttentionMetadata:
-    """One forward step: `slot_mapping[i]` is where token i's K/V go; the first `num_decode` tokens are
-    single-token decodes of distinct sequences, batched against `decode_block_tables` under `decode_mask`.
+    """One forward step: `slot_mapping[i]` is where token i's K/V go; the first `num_decode` tokens are query
+    rows that each attend as a decode at their own position (a decoding sequence's one row, or each row of a
+    short verification), batched against `decode_block_tables` under `decode_mask`.
     `observer(layer, q, kv)`, if set, runs after each layer's attention (score-based eviction reads it)."""
 
     slot_mapping: torch.Tensor
