@@ -93,7 +93,7 @@ def test_span_chunks_and_decodes_agree_bit_for_bit(dtype: torch.dtype) -> None:
 def test_decodes_take_queries_as_the_model_slices_them() -> None:
     """The model hands attention q as a slice of one q|k tensor (heads strided): a batch of decodes gives the bits
     of contiguous queries."""
-    pool, table, q, k, v = make_pool(torch.float32)
+    pool, table, q, _, _ = make_pool(torch.float32)
     positions = [69, 5, 40]
     assert torch.equal(decodes(pool, table, q, positions, strided=True), decodes(pool, table, q, positions))
 
