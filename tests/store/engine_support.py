@@ -44,6 +44,16 @@ def engine_with(model: LoadedModel, store: TieredStore | None, kv_memory: str = 
     return engine, connector
 
 
+def frozen(conn: StoreConnector, prefill_tps: float, predict_tps: float) -> None:
+    """Fix the cost model's speeds (the engine's and the writer's measurements are ignored): an injected clock, so
+    which codec a block gets and whether a hit is loaded do not follow the machine's load."""
+    cost = conn.store.cost
+    cost.set_prefill_rate(prefill_tps)
+    cost.set_predict_rate(predict_tps)
+    cost.observe_prefill = lambda *a, **k: None  # type: ignore[method-assign]
+    cost.observe_predict = lambda *a, **k: None  # type: ignore[method-assign]
+
+
 def serve(engine: LLMEngine, ids: list[int], params: SamplingParams = GREEDY, pins: tuple[CachePin, ...] = ()
           ) -> Served:
     """Run one request to completion."""

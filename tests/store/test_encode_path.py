@@ -16,19 +16,10 @@ from hafiza.store.connector import StoreConnector
 from hafiza.store.memory import MemoryStore
 from hafiza.store.tiered import TieredStore
 
-from .engine_support import GREEDY, cold, engine_with, prompt_ids, serve
+from .engine_support import GREEDY, cold, engine_with, frozen, prompt_ids, serve
 
 N = 72  # 4 full 16-token blocks are saved and can come back from the store
 BS = 16
-
-
-def frozen(conn: StoreConnector, prefill_tps: float, predict_tps: float) -> None:
-    """Fix the cost model's speeds (the engine's and the writer's measurements are ignored): an injected clock."""
-    cost = conn.store.cost
-    cost.set_prefill_rate(prefill_tps)
-    cost.set_predict_rate(predict_tps)
-    cost.observe_prefill = lambda *a, **k: None  # type: ignore[method-assign]
-    cost.observe_predict = lambda *a, **k: None  # type: ignore[method-assign]
 
 
 def speculative_engine(model: LoadedModel, ram: MemoryStore) -> tuple[LLMEngine, StoreConnector]:

@@ -20,7 +20,7 @@ from hafiza.store.tiered import TieredStore
 from tests.support.redis_server import RedisServer
 
 from .conftest import unique_prefix
-from .engine_support import cold, engine_with, prompt_ids, serve
+from .engine_support import cold, engine_with, frozen, prompt_ids, serve
 
 N = 72  # tokens: 4 full blocks of 16 can come from the store (the last token is always computed)
 BS = 16
@@ -43,6 +43,7 @@ def test_block_written_by_one_instance_decodes_bit_identically_in_another(tiny_l
     ids = prompt_ids(tiny_llama, N)
     prefix = unique_prefix()
     a_engine, a = redis_engine(tiny_llama, redis_server, prefix)
+    frozen(a, prefill_tps=1.0, predict_tps=1e9)  # worth predicting, and worth loading, whatever the machine's load
     reference = serve(a_engine, ids).tokens
     assert a.flush() and a.stats.encoded_blocks >= 4 and a.stats.encode_errors == 0
     hashes = chain_hashes(ids, BS, (*a_engine.extra_keys, None))[:4]
@@ -52,6 +53,7 @@ def test_block_written_by_one_instance_decodes_bit_identically_in_another(tiny_l
     assert (header.coder_id, header.predictor_id) == (3, 2)  # the predictive coder over the speculative predictor
 
     b_engine, b = redis_engine(tiny_llama, redis_server, prefix)
+    frozen(b, prefill_tps=1.0, predict_tps=1e9)
     got = serve(b_engine, ids)
     assert got.tokens == reference == cold(tiny_llama, ids)
     assert got.external == 4 * BS and got.sources == {"redis": 4 * BS}
@@ -67,6 +69,7 @@ def test_mismatched_prediction_and_corrupt_entry_are_recomputed(tiny_dirs: dict[
     ids = prompt_ids(tiny_llama, N)
     prefix = unique_prefix()
     a_engine, a = redis_engine(tiny_llama, redis_server, prefix)
+    frozen(a, prefill_tps=1.0, predict_tps=1e9)  # worth predicting, and worth loading, whatever the machine's load
     serve(a_engine, ids)
     assert a.flush()
 
@@ -75,6 +78,7 @@ def test_mismatched_prediction_and_corrupt_entry_are_recomputed(tiny_dirs: dict[
     other = load_model(tiny_dirs["llama"], dtype="fp32", device="cpu")
     other.model.layers[0].input_norm.mul_(1.5)
     b_engine, b = redis_engine(other, redis_server, prefix)
+    frozen(b, prefill_tps=1.0, predict_tps=1e9)
     got = serve(b_engine, ids)
     assert got.tokens == cold(other, ids)
     assert got.external == 0 and "predictor's rerun differs" in got.decision
@@ -85,6 +89,7 @@ def test_mismatched_prediction_and_corrupt_entry_are_recomputed(tiny_dirs: dict[
     ram = MemoryStore(64 << 20, name="ram")
     c_engine, c = engine_with(tiny_llama, TieredStore([ram]), codec="speculative")
     assert c is not None
+    frozen(c, prefill_tps=1.0, predict_tps=1e9)  # every block worth predicting, whatever the machine's load
     reference = serve(c_engine, ids).tokens
     assert c.flush()
     hashes = chain_hashes(ids, BS, (*c_engine.extra_keys, None))
@@ -94,6 +99,7 @@ def test_mismatched_prediction_and_corrupt_entry_are_recomputed(tiny_dirs: dict[
     ram.put(bad, bytes(value))
     d_engine, d = engine_with(tiny_llama, TieredStore([ram]), codec="speculative")
     assert d is not None
+    frozen(d, prefill_tps=1.0, predict_tps=1e9)  # loading beats recomputing: the damaged entry is read
     got = serve(d_engine, ids)
     assert got.tokens == reference and got.external == BS
     assert "only 1 of 4 blocks arrived intact" in got.decision and "ChecksumError" in got.decision
