@@ -82,7 +82,7 @@ def timed_parts(model: LlamaModel) -> Iterator[PartClock]:
               if f.name in ("qkv", "o", "gate_up", "down")]
     functions = {name: getattr(llama, name) for name in LAYER_FUNCTIONS}
     head, write = model.lm_head, PoolFormat.write
-    base = head.base if isinstance(head, RefinedHead) else None  # its refinement is not a matmul: `other`
+    base = head.base if isinstance(head, RefinedHead) else head  # a refined head's refinement is `other`
     try:
         for lw, name, lin in layers:
             setattr(lw, name, TimedLinear(lin, clock))
@@ -100,7 +100,7 @@ def timed_parts(model: LlamaModel) -> Iterator[PartClock]:
         for name, fn in functions.items():
             setattr(llama, name, fn)
         model.lm_head = head
-        if isinstance(head, RefinedHead) and base is not None:
+        if isinstance(head, RefinedHead):
             head.base = base
         PoolFormat.write = write  # type: ignore[method-assign]
 

@@ -72,21 +72,16 @@ class ModelRunner:
             last.append(len(ids) - 1 if end == seq.num_tokens + len(seq.draft) else -1)
             short_verify = (1 < n <= VERIFY_AS_DECODES and n - 1 == len(seq.draft) and start == seq.num_tokens - 1
                             and not kv.evicted and self.scores is None and not spans)
-            if short_verify:  # each row attends as a decode at its own position: the same bits, less work
-                for p in range(start + 1, end + 1):
+            if n == 1 or short_verify:  # each row attends as a decode at its own position (a short verification:
+                for p in range(start + 1, end + 1):  # the bits a span gives it, less work)
                     num_decode += 1
+                    kept = (len(table) - 1) * bs + (p - 1) % bs + 1
                     decode_tables.append(table)
                     decode_lens.append(p)
-                    decode_kept.append(None)
-            elif n == 1:
-                num_decode += 1
-                kept = (len(table) - 1) * bs + (end - 1) % bs + 1
-                decode_tables.append(table)
-                decode_lens.append(end)
-                decode_kept.append(kept if kv.evicted else None)
-                if self.scores is not None:
-                    observed.append((flat_start, 1, torch.tensor(table, device=dev),
-                                     (torch.arange(len(table) * bs, device=dev) < kept)[None]))
+                    decode_kept.append(kept if kv.evicted else None)
+                    if self.scores is not None:
+                        observed.append((flat_start + p - start - 1, 1, torch.tensor(table, device=dev),
+                                         (torch.arange(len(table) * bs, device=dev) < kept)[None]))
             else:
                 spans.append((flat_start, n, end, table, logical if kv.evicted else None))
         positions = torch.tensor(pos, dtype=torch.long, device=dev)

@@ -88,25 +88,28 @@ class PoolFormat(ABC):
             "pool cannot scale them (the forward overflowed: compute in fp32 or store K/V at full precision)"
         )
 
-    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Blocks of `block_tables` [B, n] as contiguous K, V [B, n * block_size, Hkv, d] in the compute dtype."""
+    def _gathered(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of `block_tables` [B, n] as K, V [B, n * block_size, Hkv, d] in `block_dtype`."""
         b, n = block_tables.shape
         k, v = self._blocks(layer, block_tables.reshape(-1).to(self.device))
         shape = (b, n * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        return k.reshape(shape), v.reshape(shape)
+
+    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of `block_tables` [B, n] as contiguous K, V [B, n * block_size, Hkv, d] in the compute dtype."""
+        k, v = self._gathered(layer, block_tables)
         dt = self.layout.compute_dtype
-        return k.reshape(shape).to(dt), v.reshape(shape).to(dt)
+        return k.to(dt), v.to(dt)
 
     def gather_into(self, layer: int, block_tables: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """The values `gather` gives, written head-major into `keys` / `values` [B, Hkv, n * block_size, d] (any
         strides, the compute dtype): one copy of each block out of the pool and one into place, for the decode
         attention's padded operands."""
-        b, n = block_tables.shape
-        k, v = self._blocks(layer, block_tables.reshape(-1).to(self.device))
+        k, v = self._gathered(layer, block_tables)
         if keys.dtype != self.layout.compute_dtype:  # gather's rounding first, as a cast of its result would
             k, v = k.to(self.layout.compute_dtype), v.to(self.layout.compute_dtype)
-        shape = (b, n * self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
-        keys.copy_(k.reshape(shape).transpose(1, 2))
-        values.copy_(v.reshape(shape).transpose(1, 2))
+        keys.copy_(k.transpose(1, 2))
+        values.copy_(v.transpose(1, 2))
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Whole blocks out (offload, codec): [layers, 2, n, block_size, Hkv, d] in `block_dtype` on the CPU."""
